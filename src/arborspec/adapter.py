@@ -1,0 +1,115 @@
+"""A thin adapter over an *unmodified* Hugging Face causal LM: prefill, tree forwards, KV compaction.
+
+Tree attention needs no forked modelling code (see shared notes
+`hf-tree-attention.md`): we pass a 4D additive mask `[1, 1, N, P + N]` in the
+model dtype, explicit `position_ids` (`P + depth`), and a `DynamicCache`.
+After verification the accepted path is copied into place in every layer and
+the rest is cropped (O(path length), no re-feeding).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .errors import ArborError
+from .tree import TokenTree, additive_mask
+
+
+class ModelAdapter:
+    """Owns one model and its KV cache for one sequence (batch size 1)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.device = model.device
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.cache = DynamicCache(config=model.config)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    # ------------------------------------------------------------------ forwards
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [N]
+        position_ids: torch.Tensor | None = None,  # [1, N]
+        mask: torch.Tensor | None = None,  # [1, 1, N, P + N] additive, model dtype
+        logits_rows: torch.Tensor | None = None,  # [K] rows to run the LM head on (None = all)
+    ) -> torch.Tensor:  # [K, V] float32
+        ids = input_ids.to(self.device).view(1, -1)
+        past = self.cache_len
+        if position_ids is None:
+            position_ids = torch.arange(past, past + ids.shape[1], device=self.device).unsqueeze(0)
+        keep = 0 if logits_rows is None else logits_rows.to(self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids.to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        self._check_cache_layout()
+        return out.logits[0].float()
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed a plain (causal) chunk after the cache; return the last row's logits `[V]`."""
+        return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))[-1]
+
+    def tree_forward(self, tree: TokenTree) -> torch.Tensor:  # [N, V]
+        """Feed every tree node (root first) with tree attention; return logits for all nodes."""
+        past = self.cache_len
+        mask = tree.attention_mask(past, self.dtype, self.device)
+        ids = torch.tensor(tree.tokens, dtype=torch.long)
+        return self.forward(ids, tree.position_ids(past, self.device), mask)
+
+    def nodes_forward(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        allowed: torch.Tensor,  # [K, P + K] bool over (cache + these K tokens)
+        logits_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Feed K tokens with an arbitrary attention pattern (the draft's depth-by-depth tree forward)."""
+        mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(0)
+        return self.forward(torch.tensor(tokens, dtype=torch.long), pos, mask, logits_rows)
+
+    # ------------------------------------------------------------------ compaction
+    @torch.inference_mode()
+    def compact(self, start: int, slots: list[int]) -> None:
+        """Keep cache rows `slots` (ascending, all >= start) at `start, start+1, ...`; drop everything after.
+
+        Rows before `start` are untouched. This is the O(k) copy + crop of the notes.
+        """
+        keep_len = start + len(slots)
+        for layer in self.cache.layers:
+            if slots and slots != list(range(start, keep_len)):
+                src = torch.tensor(slots, device=layer.keys.device)
+                layer.keys[:, :, start:keep_len] = layer.keys.index_select(2, src)
+                layer.values[:, :, start:keep_len] = layer.values.index_select(2, src)
+        drop = self.cache_len - keep_len
+        if drop > 0:
+            self.cache.crop(-drop)
+
+    def crop_to(self, length: int) -> None:
+        drop = self.cache_len - length
+        if drop > 0:
+            self.cache.crop(-drop)
+
+    def _check_cache_layout(self) -> None:
+        if not all(type(layer) is DynamicLayer for layer in self.cache.layers):
+            raise ArborError(
+                f"{type(self.model).__name__} uses a sliding-window or otherwise special KV cache; "
+                "arborspec supports full-attention causal LMs (Llama, Qwen2, Mistral without sliding window, ...)"
+            )

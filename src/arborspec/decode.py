@@ -1,0 +1,175 @@
+"""The decode loop: speculative steps until EOS or `max_new_tokens`, and the plain baseline.
+
+One speculative step (ALGORITHMS.md §1):
+  1. the drafter syncs with the committed tokens; the builder grows a tree
+     rooted at the last committed token (which the target has not seen yet);
+  2. one target forward over root + all nodes with tree attention;
+  3. the verifier walks the tree: accepted path + one bonus token;
+  4. both KV caches keep only the accepted path (compaction).
+
+The target cache always holds every committed token except the last one (the
+next root), so the first step's root is the prompt's last token and no
+separate "first token" forward is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .adapter import ModelAdapter
+from .builders.base import DraftContext, TreeBuilder
+from .drafters import Drafter
+from .errors import ArborError
+from .sampling import SamplingConfig, probs_from_logits, sample
+from .stats import GenerationResult, StepStats
+from .tree import TokenTree
+from .verifiers import VERIFIERS, VerifyResult, choose_verifier
+
+TokenCallback = Callable[[list[int]], None]
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ArborError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def check_context(prompt_len: int, cfg: DecodeConfig, limit: int, extra: int = 0, who: str = "target") -> None:
+    if prompt_len < 1:
+        raise ArborError("the prompt is empty: give at least one token of text")
+    need = prompt_len + cfg.max_new_tokens + extra
+    if need > limit:
+        raise ArborError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({cfg.max_new_tokens}) + tree depth ({extra}) "
+            f"exceeds the {who}'s context of {limit} positions: shorten the prompt or lower --max-new-tokens"
+        )
+
+
+def _finish(new: list[int], out: list[int], cfg: DecodeConfig) -> tuple[list[int], str | None]:
+    """Cut `new` at max_new_tokens and just after an EOS; return (tokens to commit, stop reason)."""
+    room = cfg.max_new_tokens - len(out)
+    new = new[:room]
+    for i, tok in enumerate(new):
+        if tok in cfg.eos_token_ids:
+            return new[: i + 1], "eos"
+    return new, ("length" if len(out) + len(new) >= cfg.max_new_tokens else None)
+
+
+def examined_children(tree: TokenTree, result: VerifyResult) -> tuple[list[int], list[bool]]:
+    """Children of every node the verifier stood on, and whether each was accepted."""
+    nodes, flags, accepted = [], [], set(result.accepted)
+    for parent in [0] + result.accepted:
+        for kid in tree.children[parent]:
+            nodes.append(kid)
+            flags.append(kid in accepted)
+    return nodes, flags
+
+
+class SpeculativeDecoder:
+    """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
+
+    def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
+                 reorder_dfs: bool = False) -> None:
+        if drafter.vocab_size != target.vocab_size:
+            raise ArborError(
+                f"draft vocabulary ({drafter.vocab_size}) differs from the target's ({target.vocab_size}): "
+                "the draft must use the target's tokenizer"
+            )
+        self.target, self.drafter, self.builder = target, drafter, builder
+        self.requested_verifier = verifier
+        self.reorder_dfs = reorder_dfs
+
+    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
+        verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
+        verify = VERIFIERS[verifier_name]
+        depth = self.builder.max_depth + 1
+        check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
+        check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
+        draft_cfg = cfg.sampling.draft_side()
+        gen = torch.Generator(device=self.target.device).manual_seed(cfg.seed)
+
+        self.target.reset()
+        self.drafter.reset()
+        committed = list(prompt_ids)
+        out: list[int] = []
+        steps: list[StepStats] = []
+        t_start = _clock(self.target.device)
+        if len(prompt_ids) > 1:
+            self.target.prefill(torch.tensor(prompt_ids[:-1]))
+        stop = None
+        while stop is None:
+            t0 = _clock(self.target.device)
+            root_logits = self.drafter.begin(committed)
+            ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits)
+            tree = self.builder.build(ctx, committed[-1])
+            if self.reorder_dfs:
+                from .reorder import dfs_order
+
+                tree = tree.permuted(dfs_order(tree))
+            t1 = _clock(self.target.device)
+            past = self.target.cache_len
+            logits = self.target.tree_forward(tree)  # [N, V]
+            t2 = _clock(self.target.device)
+            result = verify(tree, logits, cfg.sampling, gen)
+            new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
+            self.target.compact(past + 1, [past + n for n in result.accepted])
+            self.drafter.commit(tree, result.accepted)
+            committed += new
+            out += new
+            if on_tokens is not None:
+                on_tokens(new)
+            t3 = _clock(self.target.device)
+            kids, flags = examined_children(tree, result)
+            steps.append(StepStats(
+                accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
+                estimated_length=tree.estimated_accept_length(),
+                draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
+                verify_time=t2 - t1, other_time=t3 - t2, draft_forwards=self.drafter.forwards,
+                examined_draft_probs=[tree.draft_probs[k] for k in kids],
+                examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
+            ))
+        wall = _clock(self.target.device) - t_start
+        return GenerationResult(self.builder.name, list(prompt_ids), out, "", steps, wall, stop,
+                                {"builder": self.builder.describe(), "verifier": verifier_name})
+
+
+def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: DecodeConfig,
+                            on_tokens: TokenCallback | None = None) -> GenerationResult:
+    """Plain decoding through the same adapter: the baseline every speedup is measured against."""
+    check_context(len(prompt_ids), cfg, target.max_positions)
+    gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
+    target.reset()
+    out: list[int] = []
+    steps: list[StepStats] = []
+    t_start = _clock(target.device)
+    logits = target.prefill(torch.tensor(prompt_ids))
+    stop = None
+    while stop is None:
+        t0 = _clock(target.device)
+        token = sample(probs_from_logits(logits, cfg.sampling), gen) if not cfg.sampling.greedy else int(logits.argmax())
+        new, stop = _finish([token], out, cfg)
+        out += new
+        if on_tokens is not None:
+            on_tokens(new)
+        if stop is None:
+            logits = target.prefill(torch.tensor([token]))
+        t1 = _clock(target.device)
+        steps.append(StepStats(1, 0, 0, 1.0, 0.0, 0.0, t1 - t0, 0.0))
+    wall = _clock(target.device) - t_start
+    return GenerationResult("autoregressive", list(prompt_ids), out, "", steps, wall, stop, {"builder": "autoregressive"})

@@ -1,0 +1,96 @@
+"""Sampling transforms (temperature, top-k, top-p), identical on the draft and target sides.
+
+Semantics follow Hugging Face `generate`: temperature scales the logits, then
+top-k keeps the k largest, then top-p keeps the smallest set of tokens whose
+probability mass reaches `top_p` (always at least one token). Temperature 0
+means greedy: the target distribution is one-hot at the argmax.
+
+At target temperature 0 the draft side still needs a real distribution to
+build a tree from (a one-hot draft can only ever propose a chain), so
+`draft_side()` uses temperature 1 there; greedy verification is lossless for
+any tree, so this choice changes speed only, never the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .errors import ArborError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ArborError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ArborError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ArborError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def draft_side(self) -> "SamplingConfig":
+        """The transform applied to draft logits (see module docstring)."""
+        return replace(self, temperature=1.0) if self.greedy else self
+
+
+def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Apply temperature, top-k, top-p to `[..., V]` logits; removed tokens get -inf."""
+    logits = logits.float()
+    if not cfg.greedy and cfg.temperature != 1.0:
+        logits = logits / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1 - cfg.top_p)
+        remove_sorted[..., -1] = False  # keep at least the most likely token
+        remove = remove_sorted.scatter(-1, idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """`[..., V]` logits -> probabilities under `cfg` (one-hot argmax when greedy)."""
+    if cfg.greedy:
+        out = torch.zeros_like(logits, dtype=torch.float32)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return warp_logits(logits, cfg).softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from a `[V]` distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def gumbel_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Standard Gumbel noise of the same shape, from `generator` (CPU noise, moved to probs' device)."""
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float32, device=_gen_device(generator))
+    return (-torch.log(-torch.log(u.clamp_(1e-20, 1.0 - 1e-7)))).to(probs.device)
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor) -> list[int]:
+    """The first k draws of sampling without replacement from `probs` `[V]`.
+
+    Sorting `log p + G` (G i.i.d. Gumbel) in descending order gives exactly the
+    sequence "draw from p, zero it, renormalise, draw again ...". Stops early
+    when fewer than k tokens have non-zero probability.
+    """
+    keys = torch.log(probs) + gumbel
+    k = min(k, int((probs > 0).sum()))
+    return torch.topk(keys, k).indices.tolist() if k > 0 else []
+
+
+def _gen_device(generator: torch.Generator | None):
+    return generator.device if generator is not None else "cpu"

@@ -1,0 +1,167 @@
+"""Verifiers: walk the tree from the root and decide which draft tokens the target accepts.
+
+Vocabulary (as in vLLM's rejection sampler):
+* **accepted** tokens: draft nodes on the accepted path, root excluded;
+* **bonus** token: the one token drawn from the target (or from its residual)
+  at the node where the walk stops. Committed per step = accepted + 1.
+
+All four verifiers produce tokens distributed exactly as the target's
+(ALGORITHMS.md §2), provided the tree was built the way the verifier assumes:
+
+| verifier        | lossless for                                    | reference |
+|-----------------|-------------------------------------------------|-----------|
+| `greedy`        | any tree, target temperature 0                  | -         |
+| `sample-match`  | any tree (children *selected* or sampled)       | naive / top-k verification |
+| `rejection`     | children sampled *without* replacement from `child_dists[node]` and its residuals | Sequoia Alg. 1, DySpec Alg. 3 |
+| `rejection-wr`  | children sampled i.i.d. *with* replacement from `child_dists[node]` | SpecInfer |
+
+Every random draw comes from the `torch.Generator` passed in. Only the target
+rows the walk visits are turned into probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .errors import ArborError
+from .sampling import SamplingConfig, probs_from_logits, sample
+from .tree import TokenTree
+
+RESIDUAL_EPS = 1e-9
+
+
+@dataclass
+class VerifyResult:
+    accepted: list[int]  # node indices of the accepted path, root excluded, root->leaf
+    bonus: int  # token id drawn where the walk stopped
+
+    @property
+    def accepted_length(self) -> int:
+        """Tokens committed by this step, bonus included."""
+        return len(self.accepted) + 1
+
+
+# A node-level rule: (target probs at node [V], tree, node, generator) -> (accepted child or None, bonus probs)
+NodeRule = Callable[[torch.Tensor, TokenTree, int, torch.Generator | None], tuple[int | None, torch.Tensor | int]]
+
+
+def _walk(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, generator, rule: NodeRule) -> VerifyResult:
+    """Shared walk: at each node apply `rule`; descend into the accepted child or stop with a bonus."""
+    node, accepted = 0, []
+    while True:
+        probs = probs_from_logits(target_logits[node], cfg)  # [V]
+        child, bonus = rule(probs, tree, node, generator) if tree.children[node] else (None, probs)
+        if child is None:
+            token = bonus if isinstance(bonus, int) else sample(bonus, generator)
+            return VerifyResult(accepted, token)
+        accepted.append(child)
+        node = child
+
+
+def _greedy_rule(probs, tree, node, generator):
+    best = int(probs.argmax())
+    for child in tree.children[node]:
+        if tree.tokens[child] == best:
+            return child, best
+    return None, best
+
+
+def _match_rule(probs, tree, node, generator):
+    # Draw z ~ T; accept the child equal to z, else z is the bonus token.
+    z = sample(probs, generator)
+    for child in tree.children[node]:
+        if tree.tokens[child] == z:
+            return child, z
+    return None, z
+
+
+def _residual(r: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """norm(max(R - D, 0)); when it sums to ~0 (then R == D up to rounding, and the rejection
+    that led here had probability ~0) keep R: a defined, NaN-free choice."""
+    res = (r - d).clamp_(min=0)
+    total = float(res.sum())
+    return res / total if total > RESIDUAL_EPS else r
+
+
+def _rejection_rule(with_replacement: bool) -> NodeRule:
+    def rule(probs, tree, node, generator):
+        if node not in tree.child_dists:
+            raise ArborError("a rejection verifier needs the draft distribution of every expanded node: "
+                             "this tree was not built by sampling; use the greedy or sample-match verifier")
+        r = probs.clone()
+        d = tree.child_dists[node].to(r.device, torch.float32).clone()
+        for child in tree.children[node]:
+            y = tree.tokens[child]
+            if d[y] <= 0:
+                raise RuntimeError(f"child token {y} has draft probability 0: the tree was not sampled from child_dists")
+            # accept y with probability min(1, R[y] / D[y])
+            u = float(torch.rand((), generator=generator, device=_dev(generator)))
+            if u * float(d[y]) < float(r[y]):
+                return child, y
+            r = _residual(r, d)
+            if not with_replacement:
+                d[y] = 0.0
+                total = float(d.sum())
+                if total <= 0:
+                    break  # no mass left to have proposed further siblings from
+                d /= total
+        return None, r
+
+    return rule
+
+
+def _dev(generator):
+    return generator.device if generator is not None else "cpu"
+
+
+def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
+    return _walk(tree, target_logits, SamplingConfig(0.0), generator, _greedy_rule)
+
+
+def sample_match(tree, target_logits, cfg, generator=None) -> VerifyResult:
+    return _walk(tree, target_logits, cfg, generator, _match_rule)
+
+
+def rejection(tree, target_logits, cfg, generator=None) -> VerifyResult:
+    return _walk(tree, target_logits, cfg, generator, _rejection_rule(with_replacement=False))
+
+
+def rejection_with_replacement(tree, target_logits, cfg, generator=None) -> VerifyResult:
+    return _walk(tree, target_logits, cfg, generator, _rejection_rule(with_replacement=True))
+
+
+VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
+    "greedy": greedy,
+    "sample-match": sample_match,
+    "rejection": rejection,
+    "rejection-wr": rejection_with_replacement,
+}
+
+# Which verifiers are lossless for each way of producing children (the pairing rule, ALGORITHMS.md §2).
+LOSSLESS = {
+    "without_replacement": {"rejection", "sample-match"},
+    "with_replacement": {"rejection-wr", "sample-match"},
+    "selected": {"sample-match"},
+}
+DEFAULT = {"without_replacement": "rejection", "with_replacement": "rejection-wr", "selected": "sample-match"}
+
+
+def choose_verifier(children_mode: str, cfg: SamplingConfig, requested: str | None = None) -> str:
+    """Pick the default verifier for a builder, or check that a requested one is lossless."""
+    if requested is None:
+        return "greedy" if cfg.greedy else DEFAULT[children_mode]
+    if requested not in VERIFIERS:
+        raise ArborError(f"unknown verifier {requested!r}: choose one of {', '.join(VERIFIERS)}")
+    if cfg.greedy:
+        return "greedy"  # every verifier reduces to greedy acceptance at temperature 0
+    if requested == "greedy":
+        raise ArborError("the greedy verifier is only lossless at temperature 0: drop --verifier or set --temperature 0")
+    if requested not in LOSSLESS[children_mode]:
+        raise ArborError(
+            f"verifier {requested!r} is not lossless for a tree whose children are {children_mode.replace('_', ' ')}: "
+            f"use {' or '.join(sorted(LOSSLESS[children_mode]))}"
+        )
+    return requested
