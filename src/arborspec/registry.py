@@ -41,6 +41,8 @@ def make_builder(name: str, budget: int | None = None, **params: Any):
     unknown = sorted(set(params) - known)
     if unknown:
         raise ArborError(f"method {name!r} has no parameter {unknown[0]!r}: it takes {', '.join(sorted(known)) or 'none'}")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ArborError(f"budget (tree size) must be an integer >= 1, got {budget!r}")
     try:
         return cls.from_budget(budget, **params) if budget is not None else cls(**params)
     except TypeError as exc:

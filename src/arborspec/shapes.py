@@ -37,6 +37,14 @@ def validate_shape(shape: Any, source: str = "shape") -> Shape:
     return [list(p) for p in sorted(paths, key=lambda q: (len(q), q))]
 
 
+def parse_shape_literal(text: str) -> Shape:
+    """A shape written inline, e.g. on the command line: `'[[0], [1], [0, 0]]'`."""
+    try:
+        return validate_shape(json.loads(text), "shape")
+    except json.JSONDecodeError as exc:
+        raise ArborError(f"shape {text!r} is not valid JSON ({exc.msg}): write it like [[0], [1], [0, 0]]") from None
+
+
 def load_shape(path: str | Path) -> tuple[Shape, dict]:
     """Read a shape file; return (shape, metadata)."""
     path = Path(path)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ArborError
 from ..registry import register
-from ..shapes import Shape, children_counts, load_shape, shape_depth, validate_shape
+from ..shapes import Shape, children_counts, load_shape, parse_shape_literal, shape_depth, validate_shape
 from ..tree import TokenTree
 from .base import DraftContext, TreeBuilder, draw_children, require_positive
 
@@ -33,7 +33,9 @@ class SequoiaBuilder(TreeBuilder):
 
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, depth=self.depth)
-        if isinstance(self.shape, str):
+        if isinstance(self.shape, str) and self.shape.lstrip().startswith("["):
+            self.shape = parse_shape_literal(self.shape)
+        elif isinstance(self.shape, str):
             self.shape, _ = load_shape(self.shape)
         elif self.shape is None:
             from ..sequoia_dp import default_shape

