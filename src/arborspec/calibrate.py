@@ -1,0 +1,398 @@
+"""Calibrate a target/draft pair for Sequoia (Chen et al. 2024, Sec. 3.2-3.3 and App. C.2).
+
+Two measurements, saved together as JSON with the pair, the sampling settings
+and the machine:
+
+* **Positional acceptance vector** `p_k`. The target writes continuations of
+  calibration prompts (a small built-in list of everyday instructions — never
+  MT-Bench or HumanEval, which are evaluation sets — or a user file). At every
+  position of prompt + continuation we draw K children *without replacement*
+  from the draft (Gumbel top-k on the draft distribution after the draft-side
+  transform) and run the multi-round `rejection` verifier (Sequoia Alg. 1) on
+  that one-level tree against the target's distribution, `draws` times with
+  fresh noise. `p_k` = share of trials that accepted the k-th child.
+* **Costs**. `t(k)` = target forward time for k new tokens over a cache of
+  `timing_context` tokens, relative to one token (measured at powers of two,
+  linearly interpolated), and `c` = one draft forward (one new token on the
+  draft's cache) relative to one target token.
+
+`write_sequoia_shape` turns a calibration into a Sequoia shape file: the DP
+optimum for a chosen (size, depth), or the hardware-aware choice of
+`sequoia_dp.choose_size`. The shape is filled at run time by the `sequoia`
+builder and verified with `rejection` (without replacement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from .adapter import ModelAdapter
+from .api import encode_prompt, eos_ids, load_pair
+from .decode import DecodeConfig, autoregressive_generate
+from .drafters import Drafter
+from .errors import ArborError
+from .sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
+from .sequoia_dp import choose_size, optimal_shape, predicted_speedup
+from .shapes import save_shape
+from .tree import TokenTree
+from .verifiers import rejection
+
+CALIBRATION_FORMAT = "arborspec-calibration/1"
+
+# Everyday and technical instructions for calibration and classifier training. Not
+# taken from MT-Bench or HumanEval (the evaluation sets).
+CALIBRATION_PROMPTS: tuple[str, ...] = (
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short poem about autumn leaves.",
+    "Give three tips for learning a new language as an adult.",
+    "What is the difference between weather and climate?",
+    "Write a polite email asking a colleague to review a document.",
+    "Describe the water cycle in simple terms.",
+    "List some healthy breakfast ideas for busy mornings.",
+    "How does a bicycle stay upright when it moves?",
+    "Summarise the plot of a typical detective story.",
+    "Write a Python function that reverses the words in a sentence.",
+    "What are the pros and cons of working from home?",
+    "Explain what a hash table is and why it is fast.",
+    "Suggest a plan for a relaxing weekend in the countryside.",
+    "Why is the sky blue?",
+    "Write a short story about a robot who learns to paint.",
+    "How do vaccines train the immune system?",
+    "Give advice for someone preparing for their first job interview.",
+    "Explain the rules of chess in a few sentences.",
+    "What should I consider when adopting a dog?",
+    "Describe how bread rises when it is baked.",
+    "Compare trains and planes for travelling 500 kilometres.",
+    "Explain recursion to a beginner programmer.",
+    "Write a thank-you note to a teacher.",
+    "How can a small team keep its meetings short and useful?",
+)
+
+
+@dataclass
+class CalibrationConfig:
+    temperature: float = 0.6  # the sampling settings the calibration is valid for
+    top_k: int = 0
+    top_p: float = 1.0
+    children: int = 16  # K: children sampled per position (length of the acceptance vector)
+    draws: int = 4  # independent K-child draws per position
+    num_prompts: int = 12
+    max_new_tokens: int = 64  # continuation the target writes per prompt
+    max_tree_tokens: int = 128  # t(k) is measured for k = 1, 2, 4, ... up to this
+    timing_context: int = 128  # cache length for the timing forwards
+    timing_repeats: int = 5
+    seed: int = 0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+@dataclass
+class Calibration:
+    target: str
+    draft: str
+    vocab_size: int
+    sampling: dict  # temperature, top_k, top_p
+    acceptance: list[float]  # p_1 .. p_K
+    positions: int  # positions measured
+    trials: int  # positions x draws
+    time_tokens: list[int]  # k at which t was measured
+    time_relative: list[float]  # t(k): forward time for k tokens / for 1 token
+    time_one_token_s: float  # target forward, 1 token, seconds
+    draft_cost: float  # c: draft forward / target forward (1 token each)
+    prompts_source: str
+    config: dict
+    machine: dict
+    created: str
+    format: str = CALIBRATION_FORMAT
+    first_child_stderr: float = 0.0
+
+    def t(self, tokens: int) -> float:
+        """Relative target forward time for `tokens` new tokens (linear interpolation, linear extrapolation)."""
+        xs, ys = self.time_tokens, self.time_relative
+        if tokens <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if tokens <= xs[i]:
+                w = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + w * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (tokens - xs[-1])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+
+# ---------------------------------------------------------------------------- acceptance
+def one_level_tree(draft_probs: torch.Tensor, k: int, gumbel: torch.Tensor, root_token: int = 0) -> TokenTree:
+    """A root with up to k children drawn without replacement from `draft_probs` `[V]` (Gumbel top-k)."""
+    tree = TokenTree.from_root(root_token, "without_replacement")
+    tree.child_dists[0] = draft_probs
+    for y in sample_without_replacement(draft_probs, k, gumbel):
+        tree.add(0, y, draft_prob=float(draft_probs[y]))
+    return tree
+
+
+def accepted_child_index(
+    target_logits: torch.Tensor,  # [V]
+    draft_probs: torch.Tensor,  # [V] after the draft-side transform
+    k: int,
+    cfg: SamplingConfig,
+    generator: torch.Generator,
+) -> int | None:
+    """Sample k children, verify them with `rejection`; the 0-based index of the accepted child, or None."""
+    tree = one_level_tree(draft_probs, k, gumbel_like(draft_probs, generator))
+    logits = target_logits.unsqueeze(0).expand(tree.num_nodes, -1)  # [N, V]; only row 0 decides
+    result = rejection(tree, logits, cfg, generator)
+    return tree.children[0].index(result.accepted[0]) if result.accepted else None
+
+
+def draft_logits_along(drafter: Drafter, ids: list[int], start: int) -> torch.Tensor:  # [len(ids) - start, V]
+    """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental `begin`)."""
+    drafter.reset()
+    return torch.stack([drafter.begin(ids[: i + 1]) for i in range(start, len(ids))])
+
+
+@torch.inference_mode()
+def target_logits_along(model, ids: list[int], start: int) -> torch.Tensor:  # [len(ids) - start, V]
+    out = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False)
+    return out.logits[0, start:].float().cpu()
+
+
+def measure_acceptance(
+    target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig,
+    eos_token_ids: tuple[int, ...] = (), progress: bool = True,
+) -> tuple[list[float], int, int]:
+    """Histogram of the accepted child index over all positions; returns (p_1..p_K, positions, trials)."""
+    sampling = cfg.sampling
+    draft_side = sampling.draft_side()
+    gen = torch.Generator().manual_seed(cfg.seed)
+    target = ModelAdapter(target_model)
+    hits = torch.zeros(cfg.children, dtype=torch.float64)
+    positions = trials = 0
+    for i, prompt in progress_enumerate(prompts, "acceptance", progress):
+        dcfg = DecodeConfig(cfg.max_new_tokens, sampling, cfg.seed + i, eos_token_ids)
+        ids = list(prompt) + autoregressive_generate(target, list(prompt), dcfg).output_ids
+        start = max(len(prompt) - 1, 0)
+        t_logits = target_logits_along(target_model, ids, start)  # [P, V]
+        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start).cpu(), draft_side)  # [P, V]
+        for row in range(t_logits.shape[0]):
+            for _ in range(cfg.draws):
+                k = accepted_child_index(t_logits[row], d_probs[row], cfg.children, sampling, gen)
+                if k is not None:
+                    hits[k] += 1
+                trials += 1
+            positions += 1
+    return (hits / max(trials, 1)).tolist(), positions, trials
+
+
+# ---------------------------------------------------------------------------- costs
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_target_times(target_model, cfg: CalibrationConfig, context: list[int]) -> tuple[list[int], list[float], float]:
+    """t(k) for k = 1, 2, 4, ..., max_tree_tokens: a k-node tree forward over a cache of `context`."""
+    target = ModelAdapter(target_model)
+    target.reset()
+    target.prefill(torch.tensor(context))
+    past = target.cache_len
+    sizes = sorted({1 << i for i in range(cfg.max_tree_tokens.bit_length()) if 1 << i <= cfg.max_tree_tokens}
+                   | {cfg.max_tree_tokens})
+    seconds = []
+    for k in sizes:
+        tree = TokenTree.from_root(context[-1])
+        for j in range(k - 1):  # a star: shape does not change the cost of a dense-masked forward
+            tree.add(0, (context[j % len(context)] + j) % target.vocab_size)
+
+        def run(tree=tree):
+            target.tree_forward(tree)
+            _sync(target.device)
+            target.crop_to(past)
+
+        run()  # warm-up
+        seconds.append(_median_time(run, cfg.timing_repeats))
+    return sizes, [s / seconds[0] for s in seconds], seconds[0]
+
+
+def measure_draft_cost(drafter: Drafter, context: list[int], repeats: int) -> float:
+    """Seconds of one draft forward feeding one new token after `context` (median over `repeats`)."""
+    drafter.reset()
+    drafter.begin(context[:-repeats - 1])
+    times = []
+    for j in range(repeats):
+        t0 = time.perf_counter()
+        drafter.begin(context[: len(context) - repeats + j])
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def timing_context(vocab_size: int, length: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (length,), generator=gen).tolist()
+
+
+# ---------------------------------------------------------------------------- entry points
+def machine_info(device: torch.device | str) -> dict:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def calibrate_models(
+    target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig | None = None, *,
+    target_name: str, draft_name: str, prompts_source: str = "given token ids",
+    eos_token_ids: tuple[int, ...] = (), progress: bool = True,
+) -> Calibration:
+    """Measure the acceptance vector and the costs for loaded models (`prompts` as token ids)."""
+    cfg = cfg or CalibrationConfig()
+    if drafter.vocab_size != target_model.get_output_embeddings().weight.shape[0]:
+        raise ArborError("the draft's vocabulary differs from the target's: calibrate a pair that shares a tokenizer")
+    if not prompts:
+        raise ArborError("no calibration prompts")
+    acceptance, positions, trials = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress)
+    vocab = drafter.vocab_size
+    context = timing_context(vocab, cfg.timing_context + cfg.timing_repeats + 2, cfg.seed)
+    tokens, relative, one = measure_target_times(target_model, cfg, context[: cfg.timing_context])
+    draft_seconds = measure_draft_cost(drafter, context, cfg.timing_repeats)
+    p1 = acceptance[0]
+    return Calibration(
+        target=target_name, draft=draft_name, vocab_size=vocab, sampling=asdict(cfg.sampling),
+        acceptance=acceptance, positions=positions, trials=trials, time_tokens=tokens, time_relative=relative,
+        time_one_token_s=one, draft_cost=draft_seconds / one, prompts_source=prompts_source, config=asdict(cfg),
+        machine=machine_info(target_model.device), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
+    )
+
+
+def calibrate(
+    target: str = "embedded", draft: str | None = None, cfg: CalibrationConfig | None = None, *,
+    prompts_file: str | Path | None = None, out: str | Path | None = None,
+    device: str = "cpu", dtype: str = "float32", progress: bool = True,
+) -> Calibration:
+    """Load the pair by name (draft None = the target's default draft), calibrate on chat-formatted
+    prompts, and write the JSON to `out` when given."""
+    cfg = cfg or CalibrationConfig()
+    pair = load_pair(target, draft, device, dtype)
+    texts, source = read_prompts(prompts_file, cfg.num_prompts)
+    result = calibrate_models(
+        pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
+        target_name=pair.target_name, draft_name=pair.draft_name, prompts_source=source,
+        eos_token_ids=eos_ids(pair.tokenizer, pair.target.model), progress=progress,
+    )
+    if out is not None:
+        result.save(out)
+    return result
+
+
+def load_calibration(path: str | Path, target: str | None = None, draft: str | None = None) -> Calibration:
+    """Read a calibration JSON; raise a one-line ArborError when it is malformed or for another pair."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArborError(f"calibration file {str(path)!r} does not exist: run `arborspec calibrate` first")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArborError(f"calibration file {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+        raise ArborError(f"{str(path)!r} is not an arborspec calibration file (expected format {CALIBRATION_FORMAT})")
+    try:
+        cal = Calibration(**data)
+    except TypeError as exc:
+        raise ArborError(f"calibration file {str(path)!r} is malformed ({exc})") from None
+    acc = cal.acceptance
+    if not acc or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in acc) or sum(acc) > 1 + 1e-6:
+        raise ArborError(f"calibration file {str(path)!r} has an invalid acceptance vector")
+    if len(cal.time_tokens) != len(cal.time_relative) or not cal.time_tokens:
+        raise ArborError(f"calibration file {str(path)!r} has inconsistent timing tables")
+    for role, want, have in [("target", target, cal.target), ("draft", draft, cal.draft)]:
+        if want is not None and want != have:
+            raise ArborError(f"calibration file {str(path)!r} was measured for {role} {have!r}, not {want!r}: "
+                             f"recalibrate with `arborspec calibrate --{role} {want}`")
+    return cal
+
+
+def write_sequoia_shape(
+    calibration: Calibration | str | Path, out: str | Path, size: int | None = None, depth: int | None = None,
+    max_size: int = 128, max_depth: int = 12,
+) -> tuple[list[list[int]], dict]:
+    """Write the Sequoia shape for a calibration: DP optimum at (size, depth), or the hardware-aware choice.
+
+    With `size` given, `depth` defaults to unbounded (= size). Without `size`,
+    (size, depth) maximise the predicted speedup over sizes <= max_size and
+    depths <= max_depth. Returns (shape, metadata written beside it).
+    """
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    choice = "given"
+    if size is None:
+        size, depth = choose_size(cal.acceptance, cal.t, cal.draft_cost, max_size, max_depth)
+        choice = "hardware-aware"
+    depth = size if depth is None else depth
+    shape, score = optimal_shape(cal.acceptance, size, depth)
+    meta = {
+        "target": cal.target, "draft": cal.draft, "sampling": cal.sampling, "acceptance": cal.acceptance,
+        "size": size, "depth": max(len(p) for p in shape), "depth_bound": depth, "choice": choice,
+        "expected_accepted_length": score,
+        "predicted_speedup": predicted_speedup(cal.acceptance, cal.t, cal.draft_cost, size, depth),
+        "calibration_created": cal.created, "machine": cal.machine,
+    }
+    save_shape(out, shape, **meta)
+    return shape, meta
+
+
+# ---------------------------------------------------------------------------- helpers shared with c2t.py
+def read_prompts(path: str | Path | None, limit: int) -> tuple[list[str], str]:
+    """Prompts from a file (one per line, or a JSON list of strings), else the built-in list."""
+    if path is None:
+        return list(CALIBRATION_PROMPTS[:limit]), "arborspec.calibrate.CALIBRATION_PROMPTS"
+    path = Path(path)
+    if not path.is_file():
+        raise ArborError(f"prompts file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        items = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items) or not items:
+        raise ArborError(f"prompts file {str(path)!r}: give one prompt per line or a JSON list of strings")
+    return items[:limit], str(path)
+
+
+def progress_enumerate(items: list, label: str, progress: bool):
+    """enumerate(items) with a rich progress bar when `progress`."""
+    if not progress:
+        yield from enumerate(items)
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=len(items))
+        for i, item in enumerate(items):
+            yield i, item
+            bar.advance(task)

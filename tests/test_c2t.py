@@ -1,0 +1,177 @@
+"""C2T: exact features, a classifier that beats the joint-probability rule, the file format, lossless decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import arborspec.builders.c2t as c2t_builder
+from arborspec.adapter import ModelAdapter
+from arborspec.builders.base import DraftContext
+from arborspec.c2t import (
+    C2TConfig, C2TDataset, label_tree, load_classifier, propose, top_entropy, train, train_c2t_models,
+)
+from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.drafters import Drafter, ModelDrafter
+from arborspec.errors import ArborError
+from arborspec.registry import make_builder
+from arborspec.sampling import SamplingConfig
+from arborspec.tree import TokenTree
+
+from conftest import perturbed_copy, tiny_llama
+
+
+class TableDrafter(Drafter):
+    """Fixed draft distributions: the root's is `root`, every other node's is `rest`."""
+
+    def __init__(self, root: list[float], rest: list[float]) -> None:
+        self.root, self.rest, self.vocab_size = torch.tensor(root), torch.tensor(rest), len(root)
+
+    def begin(self, committed):
+        return self.root.log()
+
+    def expand(self, tree, nodes):
+        return self.rest.log().expand(len(nodes), -1)
+
+
+def entropy(p: list[float]) -> float:
+    return -sum(x * math.log(x) for x in p if x > 0)
+
+
+def test_features_on_a_hand_case():
+    root, rest = [0.5, 0.3, 0.2, 0.0], [0.15, 0.1, 0.7, 0.05]
+    ctx = DraftContext(TableDrafter(root, rest), SamplingConfig(1.0), torch.Generator().manual_seed(0),
+                       torch.tensor(root).log())
+    tree = TokenTree.from_root(3)
+    cands = propose(ctx, tree, [0], 8)
+    assert cands.tokens == [0, 1, 2]  # zero-probability token 3 is never proposed
+    torch.testing.assert_close(cands.features[:, 0], torch.tensor([0.5, 0.3, 0.2]))
+    torch.testing.assert_close(cands.features[:, 1], torch.full((3,), entropy(root)))
+    assert cands.features[:, 2].tolist() == [1.0, 1.0, 1.0]
+    child = tree.add(0, 1, value=0.3)
+    cands = propose(ctx, tree, [child], 2)
+    assert cands.tokens == [2, 0] and cands.parents == [child, child]
+    torch.testing.assert_close(cands.features[:, 0], torch.tensor([0.3 * 0.7, 0.3 * 0.15]))
+    torch.testing.assert_close(cands.features[:, 1], torch.full((2,), entropy(rest)))
+    assert cands.features[:, 2].tolist() == [2.0, 2.0]
+
+
+def test_entropy_counts_only_the_top_1000():
+    probs = torch.cat([torch.full((1000,), 0.9 / 1000), torch.full((500,), 0.1 / 500)])
+    expected = -1000 * (0.9 / 1000) * math.log(0.9 / 1000)
+    assert float(top_entropy(probs[None])[0]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_labels_follow_the_greedy_path():
+    tree = TokenTree.from_root(0)
+    a, b = tree.add(0, 5), tree.add(0, 6)
+    a1, b1 = tree.add(a, 7), tree.add(b, 7)
+    logits = torch.zeros(5, 10)
+    logits[0, 5] = logits[a, 7] = logits[b, 7] = 1.0
+    assert label_tree(tree, logits, SamplingConfig(0.0)).tolist() == [True, True, False, True, False]
+
+
+def synthetic_trees(n_trees: int, nodes: int, seed: int) -> C2TDataset:
+    """Acceptance depends on entropy and depth as well as on the joint probability."""
+    gen = torch.Generator().manual_seed(seed)
+    joint = torch.rand(n_trees * nodes, generator=gen) ** 3
+    ent = torch.rand(n_trees * nodes, generator=gen) * 6
+    depth = torch.randint(1, 7, (n_trees * nodes,), generator=gen).float()
+    logit = 3 * torch.log(joint + 1e-3) / 3 - 1.2 * ent - 0.5 * depth + 5
+    labels = (torch.rand(joint.shape, generator=gen) < torch.sigmoid(logit)).float()
+    return C2TDataset(torch.stack([joint, ent, depth], -1), labels, torch.arange(n_trees).repeat_interleave(nodes))
+
+
+def test_classifier_beats_joint_probability_at_equal_positive_rate():
+    data = synthetic_trees(100, 100, 0)
+    clf, m = train(data, C2TConfig(epochs=15, neg_per_pos=4, beta=0.7, lr=1e-2, batch_size=2048))
+    assert m["positives"] > 100 and 0 < m["positive_rate"] < 0.5
+    assert m["recall"] > m["joint_probability_recall"] + 0.05, m
+
+
+@pytest.fixture(scope="module")
+def close_pair():
+    target = tiny_llama(0)
+    return target, perturbed_copy(target, 1, 0.05)
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(close_pair, tmp_path_factory):
+    target, draft = close_pair
+    prompts = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(5)).tolist()
+    cfg = C2TConfig(k=3, depth=3, max_new_tokens=8, positions_per_prompt=2, epochs=10, beta=0.5)
+    path = tmp_path_factory.mktemp("c2t") / "tiny.safetensors"
+    clf, metrics = train_c2t_models(target, ModelDrafter(draft), prompts, cfg, target_name="tiny-t",
+                                    draft_name="tiny-d", out=path, progress=False)
+    return clf, metrics, path
+
+
+def test_tiny_pair_training_and_round_trip(tiny_classifier):
+    clf, metrics, path = tiny_classifier
+    assert metrics["train_positives"] > 0 and 0 <= metrics["recall"] <= 1 and metrics["held_out_trees"] == 1
+    loaded = load_classifier(path, target="tiny-t", draft="tiny-d", vocab_size=96)
+    assert loaded.meta["vocab_size"] == 96 and loaded.meta["metrics"] == metrics
+    x = torch.tensor([[0.5, 1.0, 1.0], [0.01, 3.0, 4.0]])
+    torch.testing.assert_close(loaded.confidence(x), clf.confidence(x))
+
+
+def test_load_validation_errors(tiny_classifier, tmp_path):
+    _, _, path = tiny_classifier
+    with pytest.raises(ArborError, match="trained for target 'tiny-t', not 'embedded'"):
+        load_classifier(path, target="embedded")
+    with pytest.raises(ArborError, match="draft"):
+        load_classifier(path, draft="other")
+    with pytest.raises(ArborError, match="vocabulary of 96"):
+        load_classifier(path, vocab_size=49152)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00\x01not a safetensors file")
+    with pytest.raises(ArborError, match="not a safetensors file"):
+        load_classifier(garbage)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ArborError, match="not an arborspec C2T classifier"):
+        load_classifier(tmp_path / "plain.safetensors")
+    with pytest.raises(ArborError, match="does not exist"):
+        load_classifier(tmp_path / "missing.safetensors")
+
+
+def test_builder_errors(monkeypatch, tmp_path, tiny_classifier):
+    monkeypatch.setattr(c2t_builder, "DEFAULT_CLASSIFIER", tmp_path / "absent.safetensors")
+    with pytest.raises(ArborError, match="train-c2t"):
+        make_builder("c2t")
+    _, _, path = tiny_classifier
+    builder = make_builder("c2t", classifier=str(path))
+    root = torch.zeros(50)
+    ctx = DraftContext(TableDrafter([0.02] * 50, [0.02] * 50), SamplingConfig(1.0), torch.Generator(), root)
+    with pytest.raises(ArborError, match="vocabulary of 96"):
+        builder.build(ctx, 0)
+
+
+def greedy_identity(target, draft, builder, n_prompts: int = 2) -> float:
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder)
+    steps = tokens = 0
+    for i in range(n_prompts):
+        prompt = torch.randint(3, 96, (7,), generator=torch.Generator().manual_seed(100 + i)).tolist()
+        cfg = DecodeConfig(max_new_tokens=10, seed=i)
+        spec = dec.generate(prompt, cfg)
+        plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
+        assert spec.output_ids == plain.output_ids
+        assert all(s.tree_size <= builder.budget and s.tree_depth <= builder.depth for s in spec.steps)
+        steps, tokens = steps + len(spec.steps), tokens + spec.new_tokens
+    return tokens / steps
+
+
+def test_c2t_greedy_equals_plain_decoding(close_pair, tiny_classifier):
+    target, draft = close_pair
+    _, _, path = tiny_classifier
+    mal = greedy_identity(target, draft, make_builder("c2t", budget=12, classifier=str(path), beta=0.2, k=3, depth=4))
+    assert mal > 1.0  # the trees were not empty: some draft tokens were accepted
+
+
+def test_joint_probability_rule_equals_plain_decoding(close_pair):
+    target, draft = close_pair
+    mal = greedy_identity(target, draft, make_builder("c2t", budget=10, classifier="none", beta=0.05, k=3, depth=4))
+    assert mal > 1.0
