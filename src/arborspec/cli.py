@@ -129,6 +129,92 @@ def methods() -> None:
         out.print(f"[bold]{name}[/]  ({cls.children_mode.replace('_', ' ')})  {cls.paper}\n    {fields}", highlight=False)
 
 
+@app.command()
+@friendly
+def calibrate(
+    out: Path = typer.Option(Path("calibration.json"), "--out", "-o", help="where to write the calibration JSON"),
+    target: str = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    temperature: float = typer.Option(0.6, "--temperature", "-t"),
+    top_k: int = typer.Option(0, "--top-k"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    children: int = typer.Option(16, "--children", help="K: children sampled per position (length of the acceptance vector)"),
+    draws: int = typer.Option(4, "--draws", help="independent K-child draws per position"),
+    num_prompts: int = typer.Option(12, "--num-prompts"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="calibration prompts (one per line or a JSON list); default: built-in"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    max_tree_tokens: int = typer.Option(128, "--max-tree-tokens", help="t(n) is measured for n = 1, 2, 4, ... up to this"),
+    timing_context: int = typer.Option(128, "--timing-context"),
+    timing_repeats: int = typer.Option(5, "--timing-repeats"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c."""
+    from .calibrate import CalibrationConfig, calibrate as run_calibration
+
+    cfg = CalibrationConfig(temperature, top_k, top_p, children, draws, num_prompts, max_new_tokens,
+                            max_tree_tokens, timing_context, timing_repeats, seed)
+    cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, device=device, dtype=dtype)
+    out_p = ", ".join(f"{x:.3f}" for x in cal.acceptance[:6])
+    err.print(f"acceptance p_1.. = [{out_p}, ...]; c = {cal.draft_cost:.3f}; written to {out}", highlight=False)
+
+
+@app.command("sequoia-shape")
+@friendly
+def sequoia_shape(
+    calibration_file: Path = typer.Argument(..., help="a file written by `arborspec calibrate`"),
+    out: Path = typer.Option(Path("sequoia-shape.json"), "--out", "-o"),
+    size: Optional[int] = typer.Option(None, "--size", help="tree size; omit for the hardware-aware choice"),
+    depth: Optional[int] = typer.Option(None, "--depth"),
+    max_size: int = typer.Option(128, "--max-size"),
+    max_depth: int = typer.Option(12, "--max-depth"),
+) -> None:
+    """Write the optimal Sequoia tree shape (DP, App. C.2.2) for a calibration; use it with -m sequoia -p shape=FILE."""
+    from .calibrate import write_sequoia_shape
+
+    shape, meta = write_sequoia_shape(calibration_file, out, size=size, depth=depth, max_size=max_size, max_depth=max_depth)
+    err.print(f"shape of {len(shape)} nodes, depth {max(len(p) for p in shape)} -> {out} "
+              f"({', '.join(f'{k}={v}' for k, v in meta.items() if isinstance(v, (int, float, str)))})", highlight=False)
+
+
+@app.command("train-c2t")
+@friendly
+def train_c2t(
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="classifier file (.safetensors); default: the shipped location for the embedded pair"),
+    target: str = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="training prompts (one per line or a JSON list); default: built-in"),
+    num_prompts: int = typer.Option(24, "--num-prompts"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
+    positions_per_prompt: int = typer.Option(8, "--positions-per-prompt"),
+    k: int = typer.Option(8, "--k", help="children per node and frontier width of the expanded trees"),
+    depth: int = typer.Option(6, "--depth"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    neg_per_pos: int = typer.Option(4, "--neg-per-pos"),
+    epochs: int = typer.Option(40, "--epochs"),
+    lr: float = typer.Option(3e-3, "--lr"),
+    batch_size: int = typer.Option(1024, "--batch-size"),
+    holdout: float = typer.Option(0.2, "--holdout"),
+    beta: float = typer.Option(0.5, "--beta"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the C2T pruning classifier on large expanded trees labelled by the target."""
+    from .c2t import C2TConfig, train_c2t as run_training
+
+    cfg = C2TConfig(k, depth, num_prompts, max_new_tokens, positions_per_prompt, temperature, top_p, neg_per_pos,
+                    epochs, lr, batch_size, holdout, beta, seed)
+    _, metrics = run_training(target, draft, cfg, out=out, prompts_file=prompts, device=device, dtype=dtype)
+    shown = {k_: v for k_, v in metrics.items() if isinstance(v, (int, float))}
+    err.print("metrics: " + ", ".join(f"{k_}={v:.4g}" for k_, v in shown.items()), highlight=False)
+    if "by_beta" in metrics:
+        for row in metrics["by_beta"]:
+            err.print("  " + ", ".join(f"{k_}={v:.3g}" for k_, v in row.items()), highlight=False)
+
+
 def run() -> None:  # pragma: no cover - console entry point alias
     app()
 

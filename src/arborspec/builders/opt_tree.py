@@ -1,0 +1,99 @@
+"""OPT-Tree: an adaptive draft tree maximising the expected acceptance length (Wang et al. 2024, "OPT-Tree").
+
+A node's score is `p_hat` = product of draft probabilities along its path, an
+estimate of the probability that the target accepts the whole path; the
+expected acceptance length of a tree is then `E(A) = 1 + sum of p_hat`.
+With node budget n and threshold delta:
+
+* layer by layer (one batched draft forward per layer), the n children of the
+  last layer with the largest `p_hat` become the next layer;
+* after each layer `E = 1 + sum of the n largest p_hat in the tree so far`;
+  growth stops when E gained less than delta (between mu = draft step / target
+  step time, and 1) or at `max_depth`;
+* the n nodes with the largest `p_hat` are kept.
+
+One saving over the paper, exact for the result: a new layer node that is not
+in the tree's current top n is not forwarded (the top-n bar only rises and its
+descendants score lower still), so wide layers cost fewer draft rows.
+
+Children are *selected* by their own probability, not sampled: verify with
+`greedy` at temperature 0 and `sample-match` above (the engine enforces it).
+
+`top_subtree` (shared with EAGLE-2) ranks nodes by `(p_hat desc, depth asc)`:
+`p_hat` never grows along a path (a product of factors <= 1, and IEEE
+multiplication by a factor <= 1 never rounds up), so every node outranks its
+descendants and any top-n prefix of the ranking is a valid subtree, ties included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ArborError
+from ..registry import register
+from ..tree import ChildrenMode, TokenTree
+from .base import DraftContext, TreeBuilder, require_positive
+
+
+def rank_nodes(tree: TokenTree) -> list[int]:
+    """Non-root nodes, best first: by value (= p_hat) descending, then depth, then index."""
+    return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.values[i], tree.depths[i], i))
+
+
+def top_subtree(tree: TokenTree, n: int, children_mode: ChildrenMode = "selected") -> TokenTree:
+    """A new tree with the n best-ranked nodes of `tree` (a valid subtree; sibling order kept)."""
+    keep = sorted(rank_nodes(tree)[:n])  # original order: parents before children
+    out = TokenTree.from_root(tree.tokens[0], children_mode)
+    new_of = {0: 0}
+    for i in keep:
+        new_of[i] = out.add(new_of[tree.parents[i]], tree.tokens[i], tree.values[i], tree.draft_probs[i])
+    return out
+
+
+def propose_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -> list[int]:
+    """Add, over all `nodes`, the k children with the largest p_hat (one batched draft forward).
+
+    Returns the new nodes, best first; each parent's children are added best first too.
+    """
+    probs = ctx.probs(tree, nodes).double().clamp_(max=1.0)  # [L, V]
+    p_hat = torch.tensor([tree.values[n] for n in nodes], dtype=torch.float64)[:, None] * probs  # [L, V]
+    k = min(k, int((p_hat > 0).sum()))
+    top = torch.topk(p_hat.flatten(), k)
+    vocab = probs.shape[1]
+    return [tree.add(nodes[int(flat) // vocab], int(flat) % vocab, value=float(v),
+                     draft_prob=float(probs[int(flat) // vocab, int(flat) % vocab]))
+            for v, flat in zip(top.values, top.indices)]
+
+
+@register
+@dataclass
+class OptTreeBuilder(TreeBuilder):
+    budget: int = 32  # n: nodes kept, and layer width
+    delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
+    max_depth: int = 12
+    name = "opt-tree"
+    children_mode = "selected"
+    paper = "Wang et al. 2024, OPT-Tree (Alg. 1, Thm. 3.1-3.2)"
+    last_history: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require_positive(budget=self.budget, max_depth=self.max_depth)
+        if self.delta < 0:
+            raise ArborError(f"delta must be >= 0, got {self.delta}")
+
+    def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
+        work = TokenTree.from_root(root_token, self.children_mode)
+        layer, history = [0], [1.0]  # E(A) of the root alone: the bonus token
+        for _ in range(self.max_depth):
+            new = propose_children(ctx, work, layer, self.budget)
+            best = rank_nodes(work)[: self.budget]
+            history.append(1.0 + sum(work.values[i] for i in best))
+            # a node outside the top n never re-enters it, nor do its descendants: don't expand it
+            top = set(best)
+            layer = [i for i in new if i in top]
+            if history[-1] - history[-2] < self.delta or not layer:
+                break
+        self.last_history = history
+        return top_subtree(work, self.budget, self.children_mode)

@@ -1,0 +1,222 @@
+"""OPT-Tree and EAGLE-2: valid top-n subtrees (ties included), E(A) history, p_hat values, losslessness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+
+from arborspec.adapter import ModelAdapter
+from arborspec.builders.base import DraftContext
+from arborspec.builders.eagle2 import Eagle2Builder
+from arborspec.builders.opt_tree import OptTreeBuilder, top_subtree
+from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.drafters import Drafter, ModelDrafter
+from arborspec.errors import ArborError
+from arborspec.sampling import SamplingConfig
+from arborspec.tree import TokenTree
+from arborspec.verifiers import VERIFIERS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: a second intra-op thread only adds barrier waits (ms each on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class TableDrafter(Drafter):
+    """A fixed pseudo-random draft distribution per token path; `ties` quantises it so equal
+    probabilities (and probability-1 tokens, whose children tie with their parent) are common."""
+
+    def __init__(self, vocab: int = 6, seed: int = 0, ties: bool = False) -> None:
+        self.vocab_size, self.seed, self.ties = vocab, seed, ties
+        self.forwards = 0
+
+    def dist(self, path: tuple[int, ...]) -> torch.Tensor:  # [V]
+        gen = torch.Generator().manual_seed(hash((self.seed, *path)) & (2**62 - 1))
+        if self.ties:
+            w = torch.randint(0, 3, (self.vocab_size,), generator=gen).float()
+            if float(torch.rand((), generator=gen)) < 0.3:
+                w = torch.zeros(self.vocab_size)  # a certain token: child p_hat == parent p_hat
+            w[int(torch.randint(self.vocab_size, (1,), generator=gen))] += 1.0
+        else:
+            w = torch.rand(self.vocab_size, generator=gen) ** 3
+        return w / w.sum()
+
+    def begin(self, committed: list[int]) -> torch.Tensor:
+        return self.dist(()).log()
+
+    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
+        self.forwards += 1
+        return torch.stack([self.dist(tuple(tree.path_tokens(n))).log() for n in nodes])
+
+
+def make_ctx(drafter: Drafter, seed: int = 0) -> DraftContext:
+    return DraftContext(drafter, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(seed), drafter.begin([0]))
+
+
+def path_prob(drafter: TableDrafter, tokens: list[int]) -> float:
+    p = 1.0
+    for i, tok in enumerate(tokens):
+        p *= float(drafter.dist(tuple(tokens[:i]))[tok])
+    return p
+
+
+def assert_valid(tree: TokenTree) -> None:
+    tree.validate()
+    for i in range(1, tree.num_nodes):
+        assert tree.values[i] <= tree.values[tree.parents[i]]
+
+
+BUILDERS = {
+    "opt-tree": lambda n: OptTreeBuilder(budget=n, delta=0.0, max_depth=6),
+    "eagle2": lambda n: Eagle2Builder(budget=n, topk=3, depth=5),
+}
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_final_tree_is_a_valid_subtree_with_path_probabilities(name, ties):
+    for seed in range(12):
+        drafter = TableDrafter(5, seed, ties)
+        n = 3 + seed
+        tree = BUILDERS[name](n).build(make_ctx(drafter), 0)
+        assert_valid(tree)
+        assert tree.size == n
+        for i in range(1, tree.num_nodes):
+            assert tree.values[i] == pytest.approx(path_prob(drafter, tree.path_tokens(i)), rel=1e-5)
+            assert tree.draft_probs[i] == pytest.approx(float(drafter.dist(tuple(tree.path_tokens(i)[:-1]))[tree.tokens[i]]), rel=1e-5)
+
+
+def test_eagle2_keeps_the_top_n_of_everything_it_proposed():
+    for seed in range(8):
+        drafter = TableDrafter(6, seed)
+        everything = Eagle2Builder(budget=10_000, topk=3, depth=4).build(make_ctx(drafter), 0)
+        kept = Eagle2Builder(budget=7, topk=3, depth=4).build(make_ctx(drafter), 0)
+        assert everything.size == 3 + 3 * 3 * 3  # root's 3 + 3 expanded nodes x 3 children per later layer
+        best = sorted(everything.values[1:], reverse=True)[:7]
+        assert sorted(kept.values[1:], reverse=True) == pytest.approx(best)
+
+
+def test_eagle2_expands_the_top_k_of_each_layer():
+    drafter = TableDrafter(6, 3)
+    tree = Eagle2Builder(budget=10_000, topk=2, depth=3).build(make_ctx(drafter), 0)
+    for depth in (1, 2):
+        layer = [i for i in range(1, tree.num_nodes) if tree.depths[i] == depth]
+        expanded = {i for i in layer if tree.children[i]}
+        best = sorted(layer, key=lambda i: -tree.values[i])[:2]
+        assert expanded == set(best)
+
+
+def test_opt_tree_history_is_non_decreasing_and_matches_the_tree():
+    for seed in range(10):
+        builder = OptTreeBuilder(budget=6 + seed, delta=0.0, max_depth=8)
+        tree = builder.build(make_ctx(TableDrafter(6, seed)), 0)
+        history = builder.last_history
+        assert history[0] == 1.0 and len(history) >= 2
+        assert all(b >= a for a, b in zip(history, history[1:]))
+        assert history[-1] == pytest.approx(tree.estimated_accept_length())  # final tree = top n of the work tree
+
+
+def test_opt_tree_stops_when_gain_is_below_delta():
+    builder = OptTreeBuilder(budget=8, delta=0.05, max_depth=20)
+    tree = builder.build(make_ctx(TableDrafter(6, 1)), 0)
+    gains = [b - a for a, b in zip(builder.last_history, builder.last_history[1:])]
+    assert all(g >= 0.05 for g in gains[:-1])
+    assert gains[-1] < 0.05 or len(gains) == 20 or tree.depth < len(gains)
+    assert builder.max_depth >= tree.depth
+
+
+def test_opt_tree_layer_is_top_n_children():
+    """Every kept node is among the n best children of its layer (checked against brute force)."""
+    drafter = TableDrafter(5, 4)
+    n = 4
+    tree = OptTreeBuilder(budget=n, delta=0.0, max_depth=3).build(make_ctx(drafter), 0)
+    # brute force: layers by exhaustive expansion of the chosen previous layer
+    layer, chosen = [()], set()
+    for _ in range(3):
+        cands = [(path_prob(drafter, list(p) + [y]), p + (y,)) for p in layer for y in range(5)]
+        layer = [p for _, p in sorted(cands, key=lambda c: -c[0])[:n]]
+        chosen |= set(layer)
+    best = sorted(chosen, key=lambda p: (-path_prob(drafter, list(p)), len(p)))[:n]
+    assert {tuple(tree.path_tokens(i)) for i in range(1, tree.num_nodes)} == set(best)
+
+
+def test_top_subtree_breaks_ties_parent_first():
+    tree = TokenTree.from_root(0)
+    a = tree.add(0, 1, value=0.5)
+    b = tree.add(a, 2, value=0.5)  # certain continuation: ties with its parent
+    tree.add(b, 3, value=0.5)
+    tree.add(0, 4, value=0.5)
+    for n in range(1, 5):
+        assert_valid(top_subtree(tree, n))
+
+
+def test_bad_parameters():
+    with pytest.raises(ArborError):
+        OptTreeBuilder(budget=0)
+    with pytest.raises(ArborError):
+        Eagle2Builder(topk=0)
+
+
+# ---------------------------------------------------------------- losslessness: selected trees need sample-match
+def first_token_tv(builder, drafter, target: torch.Tensor, verifier: str, trials: int) -> float:
+    cfg = SamplingConfig(temperature=1.0)
+    counts = torch.zeros_like(target)
+    for seed in range(trials):
+        tree = builder.build(make_ctx(drafter, seed), 0)
+        if verifier == "rejection":  # the wrong pairing: pretend the selected children were sampled
+            tree.child_dists = {i: drafter.dist(tuple(tree.path_tokens(i))) for i in range(tree.num_nodes)}
+        logits = target.log().expand(tree.num_nodes, -1)  # [N, V]; only the root row matters here
+        result = VERIFIERS[verifier](tree, logits, cfg, torch.Generator().manual_seed(seed))
+        counts[tree.tokens[result.accepted[0]] if result.accepted else result.bonus] += 1
+    return 0.5 * float((counts / trials - target).abs().sum())
+
+
+TARGET6 = torch.tensor([0.05, 0.30, 0.05, 0.25, 0.15, 0.20])
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_sample_match_is_lossless_and_rejection_is_not(name):
+    drafter = TableDrafter(6, 2)
+    builder = OptTreeBuilder(budget=4, delta=0.0, max_depth=2) if name == "opt-tree" else Eagle2Builder(4, 3, 2)
+    assert first_token_tv(builder, drafter, TARGET6, "sample-match", 3000) < 0.04  # noise alone: ~0.017
+    assert first_token_tv(builder, drafter, TARGET6, "rejection", 1500) > 0.06
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_greedy_decoding_identical_to_target(tiny_pair, name):
+    target, draft = tiny_pair
+    prompt = [1, 17, 42, 8, 23]
+    cfg = DecodeConfig(max_new_tokens=24)
+    builder = BUILDERS[name](10)
+    spec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(prompt, cfg)
+    plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
+    hf = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24,
+                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+    hf_new = hf[0, len(prompt):].tolist()  # HF stops at EOS (id 2); our config has no EOS
+    assert spec.output_ids == plain.output_ids
+    assert plain.output_ids[: len(hf_new)] == hf_new and len(hf_new) >= 8
+    assert max(s.accepted_length for s in spec.steps) > 1
+
+
+def test_sampled_decoding_on_a_tiny_pair_matches_target_first_token():
+    """End to end at temperature 1 with sample-match: first token vs the target softmax (vocab 16)."""
+    target = tiny_llama(5, vocab=16, hidden=16, layers=1, init=0.8)
+    draft = perturbed_copy(target, 6, 0.8)
+    prompt = [1, 3, 7]
+    with torch.no_grad():
+        t_probs = target(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), OptTreeBuilder(budget=4, delta=0.0, max_depth=2))
+    counts = torch.zeros(16)
+    trials = 300
+    for seed in range(trials):
+        cfg = DecodeConfig(max_new_tokens=1, sampling=SamplingConfig(temperature=1.0), seed=seed)
+        counts[dec.generate(prompt, cfg).output_ids[0]] += 1
+    assert 0.5 * float((counts / trials - t_probs).abs().sum()) < 0.12  # noise alone: ~0.06 at 300 trials
+    with pytest.raises(ArborError):  # the engine refuses the lossy pairing outright
+        SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), OptTreeBuilder(budget=4),
+                           verifier="rejection").generate(prompt, cfg)
