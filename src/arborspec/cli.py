@@ -215,6 +215,52 @@ def train_c2t(
             err.print("  " + ", ".join(f"{k_}={v:.3g}" for k_, v in row.items()), highlight=False)
 
 
+@app.command()
+@friendly
+def bench(
+    method: list[str] = typer.Option(..., "--method", "-m", help="method sweep spec, repeatable: dyspec:budget=8,16,32 or sequoia:budget=16:depth=4,6"),
+    temperatures: str = typer.Option("0", "--temperatures", help="comma list, e.g. 0,0.6"),
+    prompts: str = typer.Option("mt-bench", "--prompts", help="mt-bench, humaneval, a JSONL/text file, or hf:NAME[:CONFIG][@SPLIT]"),
+    num_prompts: Optional[int] = typer.Option(10, "--num-prompts", help="first N prompts of the set"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    seeds: str = typer.Option("0", "--seeds", help="comma list (temperature > 0 only)"),
+    repeats: int = typer.Option(1, "--repeats"),
+    target: str = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    warmup: int = typer.Option(1, "--warmup", help="untimed warm-up generations per method"),
+    out_dir: Path = typer.Option(Path("runs/bench"), "--out", "-o", help="results folder (results.jsonl, report.md, plots)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in --out"),
+    compare_hf_assisted: bool = typer.Option(False, "--compare-hf-assisted", help="also time transformers generate() and assisted generation"),
+    turns: int = typer.Option(1, "--turns", help="2 = MT-Bench second turns too"),
+    no_chat: bool = typer.Option(False, "--no-chat"),
+    top_k: int = typer.Option(0, "--top-k"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+) -> None:
+    """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
+    from .bench import bench_command
+
+    path = bench_command(method, temperatures, prompts, num_prompts, max_new_tokens, seeds, repeats, target, draft,
+                         device, dtype, warmup, out_dir, resume, compare_hf_assisted, turns, no_chat, top_k, top_p,
+                         threads)
+    err.print(f"results: {path}", highlight=False)
+
+
+@app.command()
+@friendly
+def report(
+    results: list[Path] = typer.Argument(..., help="results.jsonl files written by `arborspec bench`"),
+    out_dir: Path = typer.Option(Path("runs/report"), "--out", "-o"),
+) -> None:
+    """Re-render tables and plots from saved results, without running any model."""
+    from .report import write_report
+
+    path = write_report(list(results), out_dir)
+    err.print(f"report: {path}", highlight=False)
+
+
 def run() -> None:  # pragma: no cover - console entry point alias
     app()
 

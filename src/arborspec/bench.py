@@ -1,0 +1,529 @@
+"""The benchmark: every method config against plain decoding, same process, same prompts, interleaved.
+
+    cfg = BenchConfig(methods=["dyspec:budget=16,32", "sequoia:budget=16:depth=6"], temperatures=[0, 0.6],
+                      prompts="mt-bench", num_prompts=10)
+    results = run_bench(cfg)        # runs/bench/results.jsonl + report.md + plots
+
+Honest measurement, in the spirit of gpt-fast and Spec-Bench:
+* the pair is loaded once; per prompt the autoregressive baseline runs first,
+  then each method config, so machine drift hits all of them alike;
+* warm-up generations are run first and not recorded;
+* tokens are the committed ids (`GenerationResult.output_ids`) for every
+  method, never re-tokenised text; speedups are ratios of *totals*
+  (seconds per token summed over the same runs, see `metrics.py`);
+* at temperature 0 only the first seed runs (the output does not depend on it)
+  and each record says whether its tokens equal the baseline's.
+
+The results file is JSON Lines: one header record (config, versions, machine),
+then one record per (prompt, turn, method config, temperature, seed, repeat),
+each flushed as soon as it exists, so Ctrl-C loses nothing and `resume=True`
+continues where a run stopped. MT-Bench's second turn is built from the
+*baseline's* first answer (the target's own answer), so every method sees the
+same second prompt.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ArborError
+from .prompts import Prompt, conversation, encode_conversation, load_prompts
+from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
+
+RESULTS_NAME = "results.jsonl"
+# Header fields that must match for `resume` to append to an existing results file
+_RESUME_KEYS = ("target", "draft", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
+                "top_k", "top_p")
+
+
+@dataclass
+class BenchConfig:
+    target: str = "embedded"
+    draft: str | None = None  # None = the target's default draft (embedded draft, else ngram)
+    methods: list[str] = field(default_factory=lambda: ["dyspec:budget=16"])  # sweep specs, see parse_method_spec
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    prompts: str = "mt-bench"
+    num_prompts: int | None = 10
+    max_new_tokens: int = 128
+    seeds: list[int] = field(default_factory=lambda: [0])
+    repeats: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    warmup: int = 1  # warm-up generations per method before timing (not recorded)
+    out_dir: Path = Path("runs/bench")
+    resume: bool = False
+    compare_hf_assisted: bool = False
+    turns: int = 1  # 2 = MT-Bench's second turn too
+    chat: bool = True
+    top_k: int = 0
+    top_p: float = 1.0
+    threads: int | None = None  # torch threads (None = leave torch's default)
+
+    def validate(self) -> None:
+        if not self.methods:
+            raise ArborError("give at least one method to benchmark, e.g. --method dyspec:budget=16,32")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ArborError(f"temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
+        if not self.seeds:
+            raise ArborError("give at least one seed")
+        for name, value in (("max_new_tokens", self.max_new_tokens), ("repeats", self.repeats)):
+            if value < 1:
+                raise ArborError(f"{name} must be >= 1, got {value}")
+        if self.warmup < 0:
+            raise ArborError(f"warmup must be >= 0, got {self.warmup}")
+        if self.turns not in (1, 2):
+            raise ArborError(f"turns must be 1 or 2, got {self.turns}")
+        if self.threads is not None and self.threads < 1:
+            raise ArborError(f"threads must be >= 1, got {self.threads}")
+        from .sampling import SamplingConfig
+
+        SamplingConfig(max(self.temperatures), self.top_k, self.top_p)  # one-line errors for bad top-k / top-p
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir)
+        return d
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """One point of a sweep: a builder name and its parameters."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return ":".join([self.name] + [f"{k}={v}" for k, v in self.params])
+
+    def make(self):
+        from .registry import make_builder
+
+        params = dict(self.params)
+        return make_builder(self.name, budget=params.pop("budget", None), **params)
+
+
+def parse_method_spec(spec: str) -> list[MethodConfig]:
+    """`"sequoia:budget=8,16:depth=6"` -> one MethodConfig per point of the cartesian product.
+
+    >>> [m.label for m in parse_method_spec("dyspec:budget=8,16")]
+    ['dyspec:budget=8', 'dyspec:budget=16']
+    """
+    from .registry import parse_params
+
+    name, *parts = [p.strip() for p in spec.strip().split(":")]
+    if not name:
+        raise ArborError(f"method spec {spec!r} has no method name: write e.g. dyspec:budget=16,32")
+    axes: list[list[tuple[str, Any]]] = []
+    for part in parts:
+        if "=" not in part:
+            raise ArborError(f"in {spec!r}: {part!r} must look like name=value[,value...]")
+        key, values = part.split("=", 1)
+        items = [v for v in values.split(",") if v.strip()]
+        if not items:
+            raise ArborError(f"in {spec!r}: parameter {key!r} has no value")
+        axes.append([next(iter(parse_params([f"{key}={v}"]).items())) for v in items])
+    return [MethodConfig(name, tuple(point)) for point in itertools.product(*axes)]
+
+
+def expand_methods(specs: list[str]) -> list[MethodConfig]:
+    """Parse every spec and build every builder once, so a bad sweep value fails before any model loads."""
+    out: list[MethodConfig] = []
+    for spec in specs:
+        for m in parse_method_spec(spec):
+            m.make()  # raises a one-line ArborError on an unknown method or a bad value
+            if m not in out:
+                out.append(m)
+    return out
+
+
+def nominal_budget(method: MethodConfig, builder) -> int | None:
+    """The tree size the config asks for: its `budget`, else what the builder derived (chain gamma, k x length)."""
+    params = dict(method.params)
+    if "budget" in params:
+        return int(params["budget"])
+    for attr in ("budget", "gamma"):
+        if isinstance(getattr(builder, attr, None), int):
+            return getattr(builder, attr)
+    if hasattr(builder, "k") and hasattr(builder, "length"):
+        return builder.k * builder.length
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class RunKey:
+    prompt_index: int
+    turn: int
+    method: str
+    temperature: float
+    seed: int
+    repeat: int
+
+    @classmethod
+    def of(cls, record: dict) -> "RunKey":
+        return cls(record["prompt_index"], record["turn"], record["method"], float(record["temperature"]),
+                   record["seed"], record["repeat"])
+
+
+def steps_record(steps) -> dict:
+    """Per-step statistics, column by column (compact JSON; `metrics.py` reads these columns)."""
+    cols: dict[str, list] = {k: [] for k in ("accepted_length", "tree_size", "tree_depth", "estimated_length",
+                                             "draft_time", "build_time", "verify_time", "other_time",
+                                             "draft_forwards", "examined_draft_probs", "examined_values",
+                                             "examined_accepted")}
+    for s in steps:
+        for k in ("accepted_length", "tree_size", "tree_depth", "draft_forwards"):
+            cols[k].append(int(getattr(s, k)))
+        cols["estimated_length"].append(round(float(s.estimated_length), 5))
+        for k in ("draft_time", "build_time", "verify_time", "other_time"):
+            cols[k].append(round(float(getattr(s, k)), 7))
+        cols["examined_draft_probs"].append([round(float(p), 5) for p in s.examined_draft_probs])
+        cols["examined_values"].append([round(float(v), 5) for v in s.examined_values])
+        cols["examined_accepted"].append([int(a) for a in s.examined_accepted])
+    return cols
+
+
+def machine_info() -> dict:
+    import torch
+
+    info = {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    from . import __version__
+
+    return {"arborspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+class ResultsFile:
+    """Append-only JSONL writer: every record is flushed (and fsynced) as soon as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, dict]]:
+    """Create/check the output dir; with `resume`, read what is there. Returns (path, old header, done runs)."""
+    out = Path(cfg.out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ArborError(f"cannot write to output dir {str(out)!r} ({exc.strerror or exc}): choose another --out") from None
+    path = out / RESULTS_NAME
+    if not path.exists() or path.stat().st_size == 0:
+        return path, None, {}
+    if not cfg.resume:
+        raise ArborError(f"{path} already holds results: pass --resume to continue that run, or choose another --out")
+    header, records, _ = read_results(path, allow_partial_tail=True, allow_empty=True)
+    _repair_tail(path)
+    return path, header, {RunKey.of(r): r for r in records}
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a half-written last line (the process was killed mid-write) so appends start on a fresh line."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def check_resume_compatible(old: dict, new: dict, path: Path) -> None:
+    for key in _RESUME_KEYS:
+        if old["config"].get(key) != new["config"].get(key):
+            raise ArborError(f"{path} was made with {key}={old['config'].get(key)!r}, not {new['config'].get(key)!r}: "
+                             "resume with the same settings or choose another --out")
+
+
+# ---------------------------------------------------------------------------------------------- running
+class _Runner:
+    """Holds the loaded pair, the decoders and the results file for one benchmark run."""
+
+    def __init__(self, cfg: BenchConfig, pair, methods: list[MethodConfig]) -> None:
+        from .api import eos_ids
+        from .decode import SpeculativeDecoder
+
+        self.cfg, self.pair, self.methods = cfg, pair, methods
+        self.eos = eos_ids(pair.tokenizer, pair.target.model)
+        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make()) for m in methods}
+        self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
+        self.budgets = {m.label: nominal_budget(m, self.decoders[m.label].builder) for m in methods}
+
+    def labels(self) -> list[str]:
+        return [BASELINE] + [m.label for m in self.methods] + self.hf
+
+    def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None):
+        from .api import sampling_config
+        from .decode import DecodeConfig
+
+        sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p)
+        return DecodeConfig(max_new_tokens or self.cfg.max_new_tokens, sampling, seed, self.eos)
+
+    def generate(self, label: str, ids: list[int], temperature: float, seed: int, max_new_tokens: int | None = None):
+        """Returns (output ids, wall seconds, per-step stats or [], extra config dict)."""
+        from .decode import autoregressive_generate
+
+        dcfg = self.decode_config(temperature, seed, max_new_tokens)
+        if label in (HF_GENERATE, HF_ASSISTED):
+            return self.hf_generate(label, ids, dcfg)
+        if label == BASELINE:
+            result = autoregressive_generate(self.pair.target, ids, dcfg)
+        else:
+            result = self.decoders[label].generate(ids, dcfg)
+        return result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config
+
+    def hf_generate(self, label: str, ids: list[int], dcfg):
+        """Transformers' own `generate` (plain, or assisted by the draft model / prompt lookup). Greedy only."""
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from .drafters import ModelDrafter
+
+        model = self.pair.target.model
+        kwargs: dict[str, Any] = dict(max_new_tokens=dcfg.max_new_tokens, do_sample=False, temperature=None,
+                                      top_p=None, top_k=None, eos_token_id=list(self.eos) or None,
+                                      pad_token_id=(self.eos[0] if self.eos else 0))
+        how = "plain"
+        if label == HF_ASSISTED:
+            if isinstance(self.pair.drafter, ModelDrafter):
+                kwargs["assistant_model"], how = self.pair.drafter.lm.model, "assistant_model"
+            else:
+                kwargs["prompt_lookup_num_tokens"], how = 10, "prompt_lookup_num_tokens=10"
+        input_ids = torch.tensor([ids], device=self.pair.target.device)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                seq = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+                if input_ids.device.type == "cuda":
+                    torch.cuda.synchronize(input_ids.device)
+                wall = time.perf_counter() - t0
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        out = [int(t) for t in seq[0, len(ids):]]
+        stop = "eos" if out and out[-1] in self.eos else "length"
+        return out, wall, [], stop, {"builder": f"transformers.generate({how})"}
+
+    def runs_for(self, label: str, temperature: float) -> bool:
+        return label not in self.hf or temperature == 0
+
+
+def _plan(cfg: BenchConfig, prompts: list[Prompt]) -> Iterator[tuple[int, Prompt, int, float, int, int]]:
+    """(prompt index, prompt, turn, temperature, seed, repeat) in run order; greedy runs use the first seed only."""
+    for index, prompt in enumerate(prompts):
+        for turn in range(1, min(cfg.turns, len(prompt.turns)) + 1):
+            for temperature in cfg.temperatures:
+                for seed in (cfg.seeds[:1] if temperature == 0 else cfg.seeds):
+                    for repeat in range(cfg.repeats):
+                        yield index, prompt, turn, float(temperature), seed, repeat
+
+
+def _progress(quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
+
+
+def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
+    """Run the sweep, write `results.jsonl` + the report into `cfg.out_dir`; return the results path.
+
+    `pair`: an already loaded `api.ModelPair` (tests, notebooks); otherwise `cfg.target`/`cfg.draft` are loaded.
+    Ctrl-C stops the run, keeps every finished record and still writes the report.
+    """
+    import torch
+
+    from .api import default_draft, load_pair
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    methods = expand_methods(cfg.methods)
+    prompts = load_prompts(cfg.prompts, cfg.num_prompts)
+    path, old_header, done = prepare_output(cfg)
+    if pair is None:
+        cfg.draft = cfg.draft or default_draft(cfg.target)
+        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype)
+    else:
+        cfg.draft = cfg.draft or pair.draft_name
+    runner = _Runner(cfg, pair, methods)
+    header = _header(cfg, runner)
+    if old_header is not None:
+        check_resume_compatible(old_header, header, path)
+    first_ids = {i: encode_conversation(pair.tokenizer, conversation(p, []), cfg.chat) for i, p in enumerate(prompts)}
+    _check_lengths(runner, first_ids)
+    results = ResultsFile(path)
+    interrupted = False
+    try:
+        if old_header is None:
+            results.write(header)
+        elif cfg.compare_hf_assisted:
+            results.write(_hf_note(runner))
+        _warm_up(runner, first_ids[0], quiet)
+        _sweep(runner, prompts, first_ids, done, results, quiet)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        results.close()
+    _finish(path, Path(cfg.out_dir), interrupted, quiet)
+    return path
+
+
+def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
+    """Fail before the first run if a prompt + max_new_tokens + the deepest tree would not fit the context."""
+    from .decode import check_context
+
+    depth = max([d.builder.max_depth for d in runner.decoders.values()] + [0]) + 1
+    longest = max(first_ids.values(), key=len)
+    dcfg = runner.decode_config(0.0, 0)
+    check_context(len(longest), dcfg, runner.pair.target.max_positions, depth)
+    check_context(len(longest), dcfg, runner.pair.drafter.max_positions, depth, who="draft")
+
+
+def _header(cfg: BenchConfig, runner: _Runner) -> dict:
+    builders = {m.label: runner.decoders[m.label].builder for m in runner.methods}
+    methods = [{"label": m.label, "name": m.name, "params": dict(m.params), "budget": runner.budgets[m.label],
+                "describe": builders[m.label].describe()} for m in runner.methods]
+    record = {"kind": "header", "schema": SCHEMA_VERSION, "config": cfg.to_json(), "methods": methods,
+              "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
+              "target": runner.pair.target_name, "draft": runner.pair.draft_name,
+              "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if cfg.compare_hf_assisted:
+        record["notes"] = [_hf_note(runner)["text"]]
+    return record
+
+
+def _hf_note(runner: _Runner) -> dict:
+    from .drafters import ModelDrafter
+
+    how = ("the draft model as assistant_model" if isinstance(runner.pair.drafter, ModelDrafter)
+           else "prompt lookup (prompt_lookup_num_tokens=10), since the draft is the model-free n-gram drafter")
+    return {"kind": "note", "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
+                                    f"(temperature > 0 skipped); {HF_GENERATE} is plain transformers generate()."}
+
+
+def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
+    """A few short unrecorded generations per method: first-call allocations and kernel selection stay out of timing."""
+    if runner.cfg.warmup == 0:
+        return
+    temperature = runner.cfg.temperatures[0]
+    with _progress(quiet) as progress:
+        task = progress.add_task("warm-up", total=runner.cfg.warmup * len(runner.labels()), rate="")
+        for label in runner.labels():
+            for _ in range(runner.cfg.warmup):
+                if runner.runs_for(label, 0.0):
+                    runner.generate(label, ids, 0.0 if label in runner.hf else temperature, runner.cfg.seeds[0],
+                                    min(runner.cfg.max_new_tokens, 16))
+                progress.advance(task)
+
+
+def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int]], done: dict[RunKey, dict],
+           results: ResultsFile, quiet: bool) -> None:
+    cfg, tok = runner.cfg, runner.pair.tokenizer
+    plan = list(_plan(cfg, prompts))
+    labels = runner.labels()
+    total = sum(runner.runs_for(lab, t) for *_, t, _s, _r in plan for lab in labels)
+    with _progress(quiet) as progress:
+        task = progress.add_task("bench", total=total, rate="")
+        for index, prompt, turn, temperature, seed, repeat in plan:
+            base_key = RunKey(index, turn, BASELINE, temperature, seed, repeat)
+            if turn == 1:
+                ids = first_ids[index]
+            else:  # the second turn follows the target's own (baseline) first answer
+                first = done[RunKey(index, 1, BASELINE, temperature, seed, repeat)]["output_ids"]
+                answer = tok.decode(first, skip_special_tokens=True)
+                ids = encode_conversation(tok, conversation(prompt, [answer]), cfg.chat)
+            for label in labels:
+                if not runner.runs_for(label, temperature):
+                    continue
+                key = RunKey(index, turn, label, temperature, seed, repeat)
+                progress.update(task, description=f"prompt {index + 1}/{len(prompts)} t{turn} T={temperature:g} {label}")
+                if key not in done:
+                    record = _run_one(runner, key, prompt, ids, done.get(base_key))
+                    results.write(record)
+                    done[key] = record
+                    rate = record["new_tokens"] / record["wall_time"] if record["wall_time"] > 0 else 0.0
+                    progress.update(task, rate=f"{rate:6.1f} tok/s")
+                progress.advance(task)
+
+
+def _run_one(runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], baseline: dict | None) -> dict:
+    out, wall, steps, stop, extra = runner.generate(key.method, ids, key.temperature, key.seed)
+    same = None
+    if key.temperature == 0 and key.method != BASELINE and baseline is not None:
+        same = out == baseline["output_ids"]
+    name = key.method.split(":")[0]
+    return {"kind": "run", **asdict(key), "name": name, "budget": runner.budgets.get(key.method), "prompt_id": prompt.id, "category": prompt.category,
+            "prompt_len": len(ids), "new_tokens": len(out), "wall_time": round(wall, 6), "stop_reason": stop,
+            "output_ids": out, "same_as_baseline": same, "config": extra, "steps": steps_record(steps)}
+
+
+def _finish(path: Path, out_dir: Path, interrupted: bool, quiet: bool) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    if interrupted:
+        console.print(f"interrupted: finished runs are kept in {path}; rerun with --resume to continue")
+    try:
+        report = write_report([path], out_dir)
+    except ArborError as exc:
+        console.print(f"no report written: {exc}")
+        return
+    console.print(f"results: {path}\nreport:  {report}")
+
+
+# ---------------------------------------------------------------------------------------------- CLI shell
+def parse_number_list(text: str, kind: type, what: str) -> list:
+    """`"0,0.6"` -> [0.0, 0.6]; one-line error on anything else."""
+    try:
+        values = [kind(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise ArborError(f"{what} must be a comma-separated list of numbers, e.g. 0,0.6; got {text!r}") from None
+    if not values:
+        raise ArborError(f"give at least one value for {what}")
+    return values
+
+
+def bench_command(methods: list[str], temperatures: str = "0", prompts: str = "mt-bench", num_prompts: int | None = 10,
+                  max_new_tokens: int = 128, seeds: str = "0", repeats: int = 1, target: str = "embedded",
+                  draft: str | None = None, device: str = "cpu", dtype: str = "float32", warmup: int = 1,
+                  out: Path = Path("runs/bench"), resume: bool = False, compare_hf_assisted: bool = False,
+                  turns: int = 1, no_chat: bool = False, top_k: int = 0, top_p: float = 1.0,
+                  threads: int | None = None) -> Path:
+    """`arborspec bench`: plain, typer-friendly arguments (lists as comma-separated strings) -> `run_bench`."""
+    cfg = BenchConfig(target=target, draft=draft, methods=list(methods),
+                      temperatures=parse_number_list(temperatures, float, "--temperatures"), prompts=prompts,
+                      num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                      seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
+                      warmup=warmup, out_dir=Path(out), resume=resume, compare_hf_assisted=compare_hf_assisted,
+                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, threads=threads)
+    return run_bench(cfg)

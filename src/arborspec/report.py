@@ -1,0 +1,274 @@
+"""Re-render a benchmark report from saved results files, without running any model.
+
+    write_report(["runs/bench/results.jsonl"], "runs/bench")   # -> runs/bench/report.md + *.png
+
+The report holds one Spec-Bench-style Markdown table per temperature (rows =
+method configs) and six plots: accepted length vs tree budget (Sequoia Fig. 2,
+OPT-Tree Fig. 6), speedup vs budget, accepted length vs temperature, the
+builder's estimated accepted length vs the actual one (OPT-Tree Fig. 5),
+acceptance rate vs draft probability (DySpec Fig. 2) and the per-token time
+split (DySpec Fig. 4). This module also owns reading the results format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from .errors import ArborError
+from .metrics import BASELINE, MethodSummary, acceptance_by_draft_prob, estimated_vs_actual, summarize
+
+SCHEMA_VERSION = 1
+HF_GENERATE = "hf-generate"
+HF_ASSISTED = "hf-assisted"
+PLOTS = ("accepted_length_vs_budget.png", "speedup_vs_budget.png", "accepted_length_vs_temperature.png",
+         "estimated_vs_actual.png", "acceptance_vs_draft_prob.png", "time_split.png")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_results(path: str | Path, allow_partial_tail: bool = True,
+                 allow_empty: bool = False) -> tuple[dict, list[dict], list[str]]:
+    """(header, run records, notes) of one results file; one-line ArborError on anything unusable.
+
+    A half-written last line (the process was killed mid-write) is dropped when `allow_partial_tail`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArborError(f"results file {str(path)!r} does not exist")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not any(line.strip() for line in lines):
+        raise ArborError(f"results file {str(path)!r} is empty: nothing to report")
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if allow_partial_tail and lineno == len(lines):
+                break
+            raise ArborError(f"{path}:{lineno} is not valid JSON: not an arborspec results file (or a damaged one)") from None
+    header = records[0]
+    if not isinstance(header, dict) or header.get("kind") != "header":
+        raise ArborError(f"{path} does not start with an arborspec header record: not a results file")
+    if header.get("schema") != SCHEMA_VERSION:
+        raise ArborError(f"{path} uses results schema {header.get('schema')!r}, this arborspec reads schema "
+                         f"{SCHEMA_VERSION}: re-run the benchmark or use the arborspec version that wrote it")
+    runs = [r for r in records[1:] if isinstance(r, dict) and r.get("kind") == "run"]
+    notes = list(header.get("notes", [])) + [r["text"] for r in records[1:] if isinstance(r, dict) and r.get("kind") == "note"]
+    if not runs and not allow_empty:
+        raise ArborError(f"{path} holds a header but no finished runs: nothing to report")
+    return header, runs, list(dict.fromkeys(notes))
+
+
+def load_runs(paths: list[str | Path]) -> tuple[list[dict], list[dict], list[str]]:
+    """Runs of several files; each run is tagged with `_file` so it is only compared with its own file's baseline."""
+    if not paths:
+        raise ArborError("give at least one results file")
+    headers, runs, notes = [], [], []
+    for i, path in enumerate(paths):
+        header, file_runs, file_notes = read_results(path)
+        headers.append(header)
+        notes += file_notes
+        runs += [{**r, "_file": i} for r in file_runs]
+    return headers, runs, list(dict.fromkeys(notes))
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown_table(rows: list[MethodSummary]) -> str:
+    head = ["method", "budget", "accepted length", "tree size", "depth", "est. E[A]", "tokens/s", "ms/token",
+            "speedup", "per-prompt speedup (min / median / max)", "draft / verify / build+other", "greedy identical",
+            "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in rows:
+        spread = (f"{_fmt(s.speedup_min)} / {_fmt(s.speedup_median)} / {_fmt(s.speedup_max)}"
+                  if s.speedup_min is not None else "–")
+        split = (f"{s.draft_fraction:.0%} / {s.verify_fraction:.0%} / {s.build_other_fraction:.0%}"
+                 if s.draft_fraction is not None else "–")
+        cells = [f"`{s.method}`", _fmt(s.budget, "d"), _fmt(s.mean_accepted_length), _fmt(s.mean_tree_size, ".1f"),
+                 _fmt(s.mean_depth, ".1f"), _fmt(s.mean_estimated_length), f"{s.tokens_per_second:.1f}",
+                 f"{s.latency_per_token_ms:.1f}", _fmt(s.speedup, ".2f", "x"), spread, split,
+                 _fmt(s.greedy_identity_rate, ".0%"), str(s.runs)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]:
+    lines = []
+    for path, h in zip(paths, headers):
+        c, m, v = h["config"], h.get("machine", {}), h.get("versions", {})
+        lines.append(
+            f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`, "
+            f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns']}), "
+            f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}, "
+            f"{m.get('cpu_count')} CPUs / {m.get('torch_threads')} threads, {m.get('platform', '')}; "
+            + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; started {h.get('timestamp', '?')}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def _figure(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return plt, fig, list(axes.flat[:n])
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in these results", ha="center", va="center", transform=ax.transAxes)
+
+
+def plot_vs_budget(summaries: list[MethodSummary], field: str, ylabel: str, path: Path) -> None:
+    temps = sorted({s.temperature for s in summaries})
+    plt, fig, axes = _figure(len(temps))
+    for ax, t in zip(axes, temps):
+        lines = defaultdict(list)
+        for s in summaries:
+            if s.temperature == t and s.budget is not None and getattr(s, field) is not None:
+                lines[s.name].append((s.budget, getattr(s, field)))
+        for name, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        if lines:
+            ax.set_xscale("log", base=2)
+            ax.legend(fontsize=7)
+        else:
+            _no_data(ax, "tree methods")
+        if field == "speedup":
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(title=f"temperature {t:g}", xlabel="tree budget (draft nodes)", ylabel=ylabel)
+    _save(plt, fig, path)
+
+
+def plot_vs_temperature(summaries: list[MethodSummary], path: Path) -> None:
+    budgets = sorted({s.budget for s in summaries if s.budget is not None}) or [None]
+    plt, fig, axes = _figure(len(budgets))
+    for ax, b in zip(axes, budgets):
+        lines = defaultdict(list)
+        for s in summaries:
+            if s.budget == b and s.mean_accepted_length is not None and s.method != BASELINE:
+                lines[s.method].append((s.temperature, s.mean_accepted_length))
+        for method, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method.split(":")[0])
+        if lines:
+            ax.legend(fontsize=7)
+        else:
+            _no_data(ax, "tree methods")
+        ax.set(title=f"budget {b}" if b is not None else "", xlabel="temperature", ylabel="accepted length / step")
+    _save(plt, fig, path)
+
+
+def plot_estimated_vs_actual(runs: list[dict], path: Path) -> None:
+    import numpy as np
+
+    by_name = defaultdict(list)
+    for r in runs:
+        if r["method"] != BASELINE and r["steps"].get("estimated_length"):
+            by_name[r.get("name", r["method"])].append(r)
+    names = sorted(by_name) or ["-"]
+    plt, fig, axes = _figure(len(names))
+    for ax, name in zip(axes, names):
+        est, act = estimated_vs_actual(by_name.get(name, []))
+        if not est:
+            _no_data(ax, "per-step estimates")
+            continue
+        top = max(max(est), max(act)) + 1
+        h, xe, ye = np.histogram2d(est, act, bins=[np.linspace(1, top, 25), np.arange(0.5, int(top) + 1.5)])
+        h = h / np.maximum(h.sum(axis=1, keepdims=True), 1)  # per estimated-length column: distribution of actual
+        ax.pcolormesh(xe, ye, h.T, cmap="viridis", shading="auto")
+        ax.plot([1, top], [1, top], color="white", lw=0.8, ls="--")
+        ax.set(title=name, xlabel="estimated E[accepted length]", ylabel="actual accepted length")
+    _save(plt, fig, path)
+
+
+def plot_acceptance_vs_prob(runs: list[dict], path: Path) -> None:
+    temps = sorted({float(r["temperature"]) for r in runs})
+    plt, fig, axes = _figure(len(temps))
+    for ax, t in zip(axes, temps):
+        by_name = defaultdict(list)
+        for r in runs:
+            if float(r["temperature"]) == t and any(r["steps"].get("examined_draft_probs", [])):
+                by_name[r.get("name", r["method"])].append(r)
+        for name, rs in sorted(by_name.items()):
+            centres, rates, _ = acceptance_by_draft_prob(rs)
+            pts = [(c, a) for c, a in zip(centres, rates) if a is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+        if by_name:
+            ax.legend(fontsize=7)
+        else:
+            _no_data(ax, "examined draft tokens")
+        ax.set(title=f"temperature {t:g}", xlabel="draft probability of the token", ylabel="acceptance rate",
+               xlim=(0, 1), ylim=(0, 1.02))
+    _save(plt, fig, path)
+
+
+def plot_time_split(summaries: list[MethodSummary], runs: list[dict], path: Path) -> None:
+    temps = sorted({s.temperature for s in summaries})
+    plt, fig, axes = _figure(len(temps))
+    parts = (("draft_time", "draft"), ("verify_time", "verify (target)"), ("build_time", "build"), ("other_time", "other"))
+    for ax, t in zip(axes, temps):
+        groups = defaultdict(list)
+        for r in runs:
+            if float(r["temperature"]) == t and r["steps"].get("verify_time"):
+                groups[r["method"]].append(r)
+        labels = [s.method for s in summaries if s.temperature == t and s.method in groups]
+        bottom = [0.0] * len(labels)
+        for key, name in parts:
+            ms = [1000 * sum(sum(r["steps"][key]) for r in groups[m]) / max(1, sum(r["new_tokens"] for r in groups[m]))
+                  for m in labels]
+            ax.bar(range(len(labels)), ms, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, ms)]
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=6)
+        ax.set(title=f"temperature {t:g}", ylabel="ms per generated token")
+        ax.legend(fontsize=7)
+    _save(plt, fig, path)
+
+
+# ---------------------------------------------------------------------------------------------- report
+def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
+    """Tables + plots from saved results; returns the path of `report.md`."""
+    headers, runs, notes = load_runs(list(results_paths))
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArborError(f"cannot create report dir {str(out)!r} ({exc.strerror or exc}): choose another --out") from None
+    summaries = summarize(runs)
+    plot_vs_budget(summaries, "mean_accepted_length", "accepted length / step", out / PLOTS[0])
+    plot_vs_budget(summaries, "speedup", "speedup vs autoregressive", out / PLOTS[1])
+    plot_vs_temperature(summaries, out / PLOTS[2])
+    plot_estimated_vs_actual(runs, out / PLOTS[3])
+    plot_acceptance_vs_prob(runs, out / PLOTS[4])
+    plot_time_split(summaries, runs, out / PLOTS[5])
+    lines = ["# arborspec benchmark", "", *_describe_headers(headers, list(results_paths)), "",
+             "Accepted length = tokens committed per target forward, bonus included; tree size = draft nodes "
+             "verified per step (root excluded); speedup = total baseline seconds per token / total method seconds "
+             "per token over the same runs (prefill included); time split = share of per-step time.", ""]
+    for t in sorted({s.temperature for s in summaries}):
+        lines += [f"## Temperature {t:g}", "", markdown_table([s for s in summaries if s.temperature == t]), ""]
+    if notes:
+        lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]
+    lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
