@@ -261,6 +261,44 @@ def report(
     err.print(f"report: {path}", highlight=False)
 
 
+@app.command()
+@friendly
+def distill(
+    out: Path = typer.Option(..., "--out", "-o", help="HF model directory to write the draft to"),
+    target: str = TargetOpt,
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="data shards + checkpoints (default: OUT.work)"),
+    layers: int = typer.Option(3, "--layers"),
+    hidden: int = typer.Option(128, "--hidden"),
+    intermediate: int = typer.Option(512, "--intermediate"),
+    heads: int = typer.Option(4, "--heads"),
+    kv_heads: int = typer.Option(2, "--kv-heads"),
+    num_prompts: int = typer.Option(2000, "--num-prompts", help="training prompts (built-in, never MT-Bench/HumanEval)"),
+    max_new_tokens: int = typer.Option(160, "--max-new-tokens", help="target response length per prompt"),
+    gen_batch_size: int = typer.Option(16, "--gen-batch-size"),
+    data_time_budget_s: float = typer.Option(0.0, "--data-time-budget-s", help="stop generating data after this (0 = no limit)"),
+    epochs: float = typer.Option(3.0, "--epochs"),
+    lr: float = typer.Option(2e-3, "--lr"),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    train_time_budget_s: float = typer.Option(0.0, "--train-time-budget-s", help="stop training after this (0 = no limit)"),
+    stages: str = typer.Option("data,train,export", "--stages"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint / data shard"),
+    threads: int = typer.Option(1, "--threads"),
+    device: str = DeviceOpt,
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Distil a small draft model from a target (sequence-level KD + top-k soft labels); resumable."""
+    from .distill import DistillConfig, distill as run_distill
+
+    cfg = DistillConfig(target=target, out_dir=str(out), work_dir=str(work_dir or ""), layers=layers, hidden=hidden,
+                        intermediate=intermediate, heads=heads, kv_heads=kv_heads, num_prompts=num_prompts,
+                        max_new_tokens=max_new_tokens, gen_batch_size=gen_batch_size,
+                        data_time_budget_s=data_time_budget_s, epochs=epochs, lr=lr, batch_size=batch_size,
+                        train_time_budget_s=train_time_budget_s, stages=stages, resume=resume, threads=threads,
+                        device=device, seed=seed)
+    path = run_distill(cfg)
+    err.print(f"draft written to {path}; use it with --draft {path}", highlight=False)
+
+
 def run() -> None:  # pragma: no cover - console entry point alias
     app()
 

