@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Reproduce benchmarks/: Sequoia calibration + shapes for the embedded pair, then the full sweep and its report.
-# Run from the repository root after `make setup` (or `make demo`). Takes ~45 min on 2 CPU cores.
+# Run from the repository root after `make setup` (or `make demo`). Takes ~35 min on 2 CPU cores.
 set -euo pipefail
 A=.venv/bin/arborspec
 OUT=benchmarks
-NUM_PROMPTS=${NUM_PROMPTS:-8}
-MAX_NEW=${MAX_NEW:-48}
+NUM_PROMPTS=${NUM_PROMPTS:-6}
+MAX_NEW=${MAX_NEW:-40}
 
 # 1. Sequoia: positional acceptance vector, t(n) and c for the embedded pair at temperature 0.6, then the
 #    optimal shape (DP, App. C.2.2) for each budget, depth <= 8.

@@ -107,3 +107,25 @@ def test_cli_one_line_errors(args, needle):
     text = result.output.strip()
     assert needle in text and "Traceback" not in text
     assert len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not valid JSON"),
+    ('{"size": 3}', "no 'shape' key"),
+    ("[[0], [0, 0], [2]]", "skips sibling"),
+    ("[[0], [1, 0]]", "no parent"),
+    ("[]", "non-empty list"),
+    ('[[0], [-1]]', "index path"),
+])
+def test_bad_shape_files(tmp_path, content, needle):
+    path = tmp_path / "shape.json"
+    path.write_text(content)
+    with pytest.raises(ArborError, match=needle):
+        make_builder("sequoia", shape=str(path))
+
+
+def test_missing_shape_file_and_bad_inline_shape():
+    with pytest.raises(ArborError, match="does not exist"):
+        make_builder("sequoia", shape="/no/such/shape.json")
+    with pytest.raises(ArborError, match="not valid JSON"):
+        make_builder("sequoia", shape="[[0], [1]")

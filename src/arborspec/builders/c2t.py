@@ -34,7 +34,7 @@ from .base import DraftContext, TreeBuilder, require_positive
 @dataclass
 class C2TBuilder(TreeBuilder):
     classifier: str | None = None  # .safetensors path; None = shipped default; "none" = joint probability
-    beta: float = 0.5  # confidence threshold (first pruning)
+    beta: float | None = None  # confidence threshold (first pruning); None = the classifier's recommended_beta, else 0.5
     k: int = 8  # top-k children per node, and at most k nodes per layer (second pruning)
     depth: int = 8
     budget: int = 64
@@ -45,8 +45,6 @@ class C2TBuilder(TreeBuilder):
 
     def __post_init__(self) -> None:
         require_positive(k=self.k, depth=self.depth, budget=self.budget)
-        if not 0 <= self.beta <= 1:
-            raise ArborError(f"beta must be in [0, 1], got {self.beta}")
         if isinstance(self.classifier, str) and self.classifier.lower() == "none":
             self._clf = None
         elif self.classifier is None:
@@ -58,6 +56,10 @@ class C2TBuilder(TreeBuilder):
             self._clf = load_classifier(DEFAULT_CLASSIFIER)
         else:
             self._clf = load_classifier(self.classifier)
+        if self.beta is None:
+            self.beta = float(self._clf.meta.get("recommended_beta", 0.5)) if self._clf is not None else 0.5
+        if not 0 <= self.beta <= 1:
+            raise ArborError(f"beta must be in [0, 1], got {self.beta}")
 
     @property
     def max_depth(self) -> int:
