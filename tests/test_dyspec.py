@@ -18,15 +18,6 @@ from arborspec.verifiers import VERIFIERS
 DRAFT_SIDE = SamplingConfig(temperature=1.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second intra-op thread only adds barrier waits (ms each on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class TableDrafter(Drafter):
     """A fixed, pseudo-random draft distribution per token path over a tiny vocabulary (some exact zeros)."""
 

@@ -58,3 +58,9 @@ def test_cli_generate_on_embedded_pair():
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
     assert "accepted length" in result.output and "speedup" in result.output and "identical tokens" in result.output
+
+
+def test_bare_command_runs_the_demo():
+    result = CliRunner().invoke(app, [])
+    assert result.exit_code == 0, result.output
+    assert "blue" in result.output.lower() and "accepted length" in result.output

@@ -18,15 +18,6 @@ from arborspec.tree import TokenTree
 from arborspec.verifiers import VERIFIERS
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second intra-op thread only adds barrier waits (ms each on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class TableDrafter(Drafter):
     """A fixed pseudo-random draft distribution per token path; `ties` quantises it so equal
     probabilities (and probability-1 tokens, whose children tie with their parent) are common."""

@@ -16,15 +16,6 @@ from arborspec.sampling import SamplingConfig
 from arborspec.tree import TokenTree
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second intra-op thread only adds barrier waits (ms each on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tree_from_parents(parents: list[int]) -> TokenTree:
     tree = TokenTree.from_root(100, "without_replacement")
     for i, p in enumerate(parents[1:], start=1):

@@ -49,8 +49,10 @@ DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16
 
 @app.callback(invoke_without_command=True)
 def main(ctx: typer.Context) -> None:
-    if ctx.invoked_subcommand is None:
-        generate(DEMO_PROMPT)
+    if ctx.invoked_subcommand is None:  # plain `arborspec`: the demo, with generate's defaults spelled out
+        generate(DEMO_PROMPT, method="dyspec", budget=None, param=[], verifier=None, max_new_tokens=64,
+                 temperature=0.0, top_k=0, top_p=1.0, seed=0, target="embedded", draft=None, device="cpu",
+                 dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False)
 
 
 class _Streamer:
