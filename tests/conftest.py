@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -35,6 +34,25 @@ def perturbed_copy(model, seed: int, noise: float):
         for p in draft.parameters():
             p.add_(noise * p.std() * torch.randn(p.shape, generator=gen))
     return draft
+
+
+def assert_greedy_identical(target, draft, builder, prompt=(1, 17, 42, 8, 23), max_new_tokens=24):
+    """Greedy speculative output == plain decoding == HF generate (up to HF's EOS stop); the tree must help."""
+    from arborspec.adapter import ModelAdapter
+    from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+    from arborspec.drafters import ModelDrafter
+
+    prompt = list(prompt)
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens)
+    spec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(prompt, cfg)
+    plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
+    hf = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+    hf_new = hf[0, len(prompt):].tolist()  # HF stops at EOS (id 2); our config has no EOS
+    assert spec.output_ids == plain.output_ids
+    assert plain.output_ids[: len(hf_new)] == hf_new and len(hf_new) >= 8
+    assert max(s.accepted_length for s in spec.steps) > 1  # the tree actually helped
+    return spec
 
 
 @pytest.fixture(scope="session")

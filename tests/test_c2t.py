@@ -67,7 +67,7 @@ def test_entropy_counts_only_the_top_1000():
 def test_labels_follow_the_greedy_path():
     tree = TokenTree.from_root(0)
     a, b = tree.add(0, 5), tree.add(0, 6)
-    a1, b1 = tree.add(a, 7), tree.add(b, 7)
+    tree.add(a, 7), tree.add(b, 7)  # nodes 3 and 4
     logits = torch.zeros(5, 10)
     logits[0, 5] = logits[a, 7] = logits[b, 7] = 1.0
     assert label_tree(tree, logits, SamplingConfig(0.0)).tolist() == [True, True, False, True, False]

@@ -138,7 +138,7 @@ def test_vocab_mismatch_is_refused(tmp_path, target_tok):
 
 
 def test_shipped_draft_matches_embedded_target(target_tok):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from arborspec.models import embedded_target_dir, resolve_model_path
 

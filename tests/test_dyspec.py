@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
 
 from arborspec.adapter import ModelAdapter
 from arborspec.builders.base import DraftContext
 from arborspec.builders.dyspec import DySpecBuilder, DySpecThresholdBuilder
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import Drafter, ModelDrafter
 from arborspec.sampling import SamplingConfig
 from arborspec.tree import TokenTree
@@ -281,16 +281,7 @@ def test_first_token_follows_target_on_tiny_model_pair(small_pair, builder):
                                      DySpecBuilder(budget=6, max_depth=2)], ids=["greedy", "threshold", "capped"])
 def test_greedy_decoding_identical_to_target(tiny_pair, builder):
     target, draft = tiny_pair
-    prompt = [1, 17, 42, 8, 23]
-    cfg = DecodeConfig(max_new_tokens=24)
-    spec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(prompt, cfg)
-    plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
-    hf = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24,
-                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
-    hf_new = hf[0, len(prompt):].tolist()  # HF stops at EOS (id 2); our config has no EOS
-    assert spec.output_ids == plain.output_ids
-    assert plain.output_ids[: len(hf_new)] == hf_new and len(hf_new) >= 8
-    assert max(s.accepted_length for s in spec.steps) > 1  # the tree actually helped
+    assert_greedy_identical(target, draft, builder)
 
 
 def test_sampled_decoding_repeats_with_a_seed(tiny_pair):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
 
 from arborspec.adapter import ModelAdapter
 from arborspec.builders.base import DraftContext
 from arborspec.builders.eagle2 import Eagle2Builder
 from arborspec.builders.opt_tree import OptTreeBuilder, top_subtree
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import Drafter, ModelDrafter
 from arborspec.errors import ArborError
 from arborspec.sampling import SamplingConfig
@@ -181,17 +181,7 @@ def test_sample_match_is_lossless_and_rejection_is_not(name):
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_greedy_decoding_identical_to_target(tiny_pair, name):
     target, draft = tiny_pair
-    prompt = [1, 17, 42, 8, 23]
-    cfg = DecodeConfig(max_new_tokens=24)
-    builder = BUILDERS[name](10)
-    spec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(prompt, cfg)
-    plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
-    hf = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24,
-                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
-    hf_new = hf[0, len(prompt):].tolist()  # HF stops at EOS (id 2); our config has no EOS
-    assert spec.output_ids == plain.output_ids
-    assert plain.output_ids[: len(hf_new)] == hf_new and len(hf_new) >= 8
-    assert max(s.accepted_length for s in spec.steps) > 1
+    assert_greedy_identical(target, draft, BUILDERS[name](10))
 
 
 def test_sampled_decoding_on_a_tiny_pair_matches_target_first_token():

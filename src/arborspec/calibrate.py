@@ -40,6 +40,7 @@ from .api import encode_prompt, eos_ids, load_pair
 from .decode import DecodeConfig, autoregressive_generate
 from .drafters import Drafter
 from .errors import ArborError
+from .jsonfiles import read_json_file
 from .sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from .sequoia_dp import choose_size, optimal_shape, predicted_speedup
 from .shapes import save_shape
@@ -314,12 +315,7 @@ def calibrate(
 def load_calibration(path: str | Path, target: str | None = None, draft: str | None = None) -> Calibration:
     """Read a calibration JSON; raise a one-line ArborError when it is malformed or for another pair."""
     path = Path(path)
-    if not path.is_file():
-        raise ArborError(f"calibration file {str(path)!r} does not exist: run `arborspec calibrate` first")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArborError(f"calibration file {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json_file(path, "calibration file", "run `arborspec calibrate` first")
     if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
         raise ArborError(f"{str(path)!r} is not an arborspec calibration file (expected format {CALIBRATION_FORMAT})")
     try:

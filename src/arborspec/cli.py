@@ -100,8 +100,6 @@ def generate(
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
     params = parse_params(param)
-    if budget is None and not params:
-        budget = 16
     gen = SpeculativeGenerator(target, draft, method, device, dtype, verifier, budget, reorder_dfs, **params)
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
@@ -299,10 +297,6 @@ def distill(
                         device=device, seed=seed)
     path = run_distill(cfg)
     err.print(f"draft written to {path}; use it with --draft {path}", highlight=False)
-
-
-def run() -> None:  # pragma: no cover - console entry point alias
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,6 +24,7 @@ from .adapter import ModelAdapter
 from .builders.base import DraftContext, TreeBuilder
 from .drafters import Drafter
 from .errors import ArborError
+from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationResult, StepStats
 from .tree import TokenTree
@@ -119,8 +120,6 @@ class SpeculativeDecoder:
             ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits)
             tree = self.builder.build(ctx, committed[-1])
             if self.reorder_dfs:
-                from .reorder import dfs_order
-
                 tree = tree.permuted(dfs_order(tree))
             t1 = _clock(self.target.device)
             past = self.target.cache_len

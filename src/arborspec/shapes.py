@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArborError
+from .jsonfiles import read_json_file
 
 Shape = list[list[int]]
 
@@ -47,13 +48,7 @@ def parse_shape_literal(text: str) -> Shape:
 
 def load_shape(path: str | Path) -> tuple[Shape, dict]:
     """Read a shape file; return (shape, metadata)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ArborError(f"shape file {str(path)!r} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArborError(f"shape file {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json_file(path, "shape file")
     meta: dict = {}
     if isinstance(data, dict):
         if "shape" not in data:

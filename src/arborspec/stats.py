@@ -26,10 +26,6 @@ class StepStats:
     examined_values: list[float] = field(default_factory=list)
     examined_accepted: list[bool] = field(default_factory=list)
 
-    @property
-    def total_time(self) -> float:
-        return self.draft_time + self.build_time + self.verify_time + self.other_time
-
 
 @dataclass
 class GenerationResult:
