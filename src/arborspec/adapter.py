@@ -28,6 +28,25 @@ class ModelAdapter:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.cache = DynamicCache(config=model.config)
+        self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
+        self._hook = None
+
+    # ------------------------------------------------------------------ features
+    def capture_hidden(self, on: bool = True) -> None:
+        """Keep the decoder's last hidden states (after the final norm) of every forward in `last_hidden`.
+
+        A forward hook on the model's decoder reads what the model computes anyway:
+        no second LM-head pass and no `output_hidden_states` over every layer.
+        """
+        if on and self._hook is None:
+            self._hook = self.model.get_decoder().register_forward_hook(self._keep_hidden)
+        elif not on and self._hook is not None:
+            self._hook.remove()
+            self._hook, self.last_hidden = None, None
+
+    def _keep_hidden(self, module, args, output) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        self.last_hidden = hidden[0]
 
     # ------------------------------------------------------------------ state
     @property

@@ -107,12 +107,16 @@ class SpeculativeDecoder:
 
         self.target.reset()
         self.drafter.reset()
+        features = self.drafter.uses_target_features
+        self.target.capture_hidden(features)
         committed = list(prompt_ids)
         out: list[int] = []
         steps: list[StepStats] = []
         t_start = _clock(self.target.device)
         if len(prompt_ids) > 1:
             self.target.prefill(torch.tensor(prompt_ids[:-1]))
+            if features:
+                self.drafter.observe(self.target.last_hidden)
         stop = None
         while stop is None:
             t0 = _clock(self.target.device)
@@ -128,6 +132,8 @@ class SpeculativeDecoder:
             result = verify(tree, logits, cfg.sampling, gen)
             new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
             self.target.compact(past + 1, [past + n for n in result.accepted])
+            if features:  # the root's and the accepted nodes' features: exact target states, no draft error
+                self.drafter.observe(self.target.last_hidden[[0] + result.accepted])
             self.drafter.commit(tree, result.accepted)
             committed += new
             out += new

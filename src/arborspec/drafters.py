@@ -33,6 +33,7 @@ class Drafter(ABC):
     vocab_size: int
     forward_time: float = 0.0  # seconds spent in draft forwards since the last `begin`
     forwards: int = 0
+    uses_target_features: bool = False  # True: the engine calls `observe` with the target's last hidden states
 
     @abstractmethod
     def begin(self, committed: list[int]) -> torch.Tensor:
@@ -47,6 +48,13 @@ class Drafter(ABC):
 
     def reset(self) -> None:
         """Forget everything (a new prompt follows)."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Target features `[k, H]` (last hidden states) of the next k committed tokens, in order.
+
+        Only called when `uses_target_features`; after it, the features of every
+        committed token except the last (the next root) have been observed.
+        """
 
     @property
     def max_positions(self) -> int:
