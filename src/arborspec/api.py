@@ -18,7 +18,8 @@ from .adapter import ModelAdapter
 from .decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .errors import ArborError
-from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, NGRAM_DRAFT, SHIPPED_DRAFT_DIR, load_model, load_tokenizer
+from .models import (EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_TARGET, NGRAM_DRAFT, SHIPPED_DRAFT_DIR, SHIPPED_HEAD_DIR,
+                     is_head_dir, load_model, load_tokenizer, parse_dtype, resolve_head_dir)
 from .registry import make_builder
 from .sampling import SamplingConfig
 from .stats import GenerationResult
@@ -28,7 +29,9 @@ DEFAULT_BUDGET = 16
 
 
 def default_draft(target: str) -> str:
-    """The embedded target's distilled draft when shipped, else the model-free n-gram drafter."""
+    """For the embedded target its shipped draft head (else its distilled draft); else the model-free n-gram drafter."""
+    if target == EMBEDDED_TARGET and (SHIPPED_HEAD_DIR / "head.json").is_file():
+        return EMBEDDED_HEAD
     if target == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
         return EMBEDDED_DRAFT
     return NGRAM_DRAFT
@@ -64,13 +67,21 @@ def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str
 
 def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | dict | None = None) -> ModelPair:
-    """Load the target and the drafter. `draft`: a model id/dir, "embedded-draft", or "ngram"."""
+    """Load the target and the drafter.
+
+    `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
+    a draft model id/dir or "embedded-draft", or "ngram".
+    """
     draft = draft or default_draft(target)
     tokenizer = load_tokenizer(target)
     target_model = load_model(target, device, dtype, device_map=device_map)
     adapter = ModelAdapter(target_model)
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
+    elif is_head_dir(draft):
+        from .head import HeadDrafter, load_head
+
+        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype)))
     else:
         draft_model = load_model(draft, adapter.device, dtype)
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)

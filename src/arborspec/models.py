@@ -25,6 +25,24 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DRAFT = "embedded-draft"
 NGRAM_DRAFT = "ngram"
 SHIPPED_DRAFT_DIR = Path(__file__).parent / "assets" / "smollm2-draft"
+EMBEDDED_HEAD = "embedded-head"
+SHIPPED_HEAD_DIR = Path(__file__).parent / "assets" / "smollm2-head"
+
+
+def is_head_dir(name: str) -> bool:
+    """A draft-head directory (head.json + head.safetensors, see `arborspec train-head`) or the shipped alias."""
+    if name == EMBEDDED_HEAD:
+        return True
+    path = Path(name).expanduser()
+    return (path / "head.json").is_file()
+
+
+def resolve_head_dir(name: str) -> Path:
+    if name == EMBEDDED_HEAD:
+        if not (SHIPPED_HEAD_DIR / "head.json").is_file():
+            raise ArborError(f"the shipped draft head is missing from {SHIPPED_HEAD_DIR}: reinstall arborspec or use --draft embedded-draft")
+        return SHIPPED_HEAD_DIR
+    return Path(name).expanduser()
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,

@@ -1,0 +1,281 @@
+"""An EAGLE-style draft head and the drafter that runs it (docs/algorithms.md, "Draft head").
+
+The head drafts from the target's own features. Row r of its sequence is the
+token x_r together with the target's last hidden state (after the final norm)
+of the token before it, f_{r-1} (zeros for r = 0):
+
+    fc([embed(x_r); f_{r-1}])  ->  one decoder layer of the target's architecture
+                                  (+ the final norm)  ->  f^_r  ->  LM head  ->  logits of x_{r+1}
+
+The decoder layer is built from the target's own config class through
+transformers (`AutoModel.from_config` with one layer), so it uses the same
+attention, RoPE and KV-cache code as the target; the embedding and the LM head
+are the target's, frozen and shared, never stored in the head's file.
+
+Deeper tree nodes feed the head's own prediction f^ instead of a target
+feature. After verification the drafter drops every row that used a predicted
+feature and, at the next step, feeds the accepted tokens with the features the
+target computed for them while verifying (`observe`), so the head's cache only
+ever holds rows built from exact target features.
+
+**Reduced draft vocabulary (FR-Spec).** The head may score only the K most
+frequent tokens of its training answers (`vocab_ids`); every other token gets
+logit -inf, i.e. draft probability 0. This is lossless: verification always
+uses the target's full vocabulary; a sampled tree records the exact
+(restricted) draft distribution it drew from, which the rejection verifiers
+replay, and a selected tree is verified greedily or by sample-and-match, which
+do not look at draft probabilities at all. Only the acceptance rate can change.
+
+Files: `head.safetensors` (fc, the layer, the norm, `vocab_ids`) and
+`head.json` (the target it belongs to, its vocabulary size, hidden size and an
+embedding fingerprint); loading refuses a head made for another target.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel, DynamicCache
+
+from .drafters import Drafter
+from .errors import ArborError
+from .tree import TokenTree, additive_mask
+
+HEAD_FORMAT = "arborspec-draft-head"
+HEAD_VERSION = 1
+WEIGHTS_FILE = "head.safetensors"
+CONFIG_FILE = "head.json"
+
+
+def target_fingerprint(target_model) -> str:
+    """A short hash of the target's input embedding (tells two targets with the same vocabulary apart)."""
+    emb = target_model.get_input_embeddings().weight
+    rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float16).contiguous()
+    return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+
+
+def _one_layer_config(target_config):
+    cfg = copy.deepcopy(target_config)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[-1:]
+    cfg.use_cache = True
+    return cfg
+
+
+class DraftHead(nn.Module):
+    """fc + one decoder layer + norm of the target's architecture; the target's embedding and LM head by reference."""
+
+    def __init__(self, target_model, vocab_ids: torch.Tensor | None = None) -> None:
+        super().__init__()
+        tcfg = target_model.config
+        self.hidden_size = tcfg.hidden_size
+        self.vocab_size = target_model.get_output_embeddings().weight.shape[0]
+        self.body = AutoModel.from_config(_one_layer_config(tcfg), attn_implementation="sdpa",
+                                          dtype=target_model.get_input_embeddings().weight.dtype)
+        self.body.embed_tokens = None  # inputs are built by `fc`; the embedding is the target's
+        self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size, bias=False)
+        ids = torch.arange(self.vocab_size) if vocab_ids is None else vocab_ids.long()
+        self.register_buffer("vocab_ids", ids, persistent=True)
+        self._target = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        self.refresh_lm_rows()
+        self.to(device=target_model.device, dtype=self.body.norm.weight.dtype)
+
+    # ------------------------------------------------------------------ construction
+    def init_from_target(self, target_model) -> None:
+        """Start from the target's last decoder layer and final norm (what the head imitates)."""
+        tgt = target_model.get_decoder()
+        self.body.layers[0].load_state_dict(tgt.layers[-1].state_dict())
+        self.body.norm.load_state_dict(tgt.norm.state_dict())
+
+    def refresh_lm_rows(self) -> None:
+        """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the head's cheap logits)."""
+        lm = self._target[1]
+        w = lm.weight.detach().index_select(0, self.vocab_ids.to(lm.weight.device))
+        b = None if getattr(lm, "bias", None) is None else lm.bias.detach().index_select(0, self.vocab_ids.to(lm.weight.device))
+        self._lm_w, self._lm_b = w, b
+        self.full_vocab = self.vocab_ids.numel() == self.vocab_size
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._lm_w = fn(self._lm_w) if hasattr(self, "_lm_w") else None
+        if getattr(self, "_lm_b", None) is not None:
+            self._lm_b = fn(self._lm_b)
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """`tokens` [B, L], previous-token features `feats` [B, L, H] -> layer inputs [B, L, H]."""
+        emb = self._target[0](tokens.to(self._target[0].weight.device))
+        return self.fc(torch.cat([emb.to(feats.dtype), feats], dim=-1))
+
+    def forward(self, tokens, feats, position_ids=None, attention_mask=None, past_key_values=None) -> torch.Tensor:
+        """Predicted features f^ [B, L, H] (after the final norm)."""
+        out = self.body(inputs_embeds=self.inputs(tokens, feats), attention_mask=attention_mask,
+                        position_ids=position_ids, past_key_values=past_key_values,
+                        use_cache=past_key_values is not None)
+        return out.last_hidden_state
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary only: [..., K]."""
+        return nn.functional.linear(hidden, self._lm_w.to(hidden.dtype), self._lm_b)
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, V] float32 logits; tokens outside the draft vocabulary get -inf (draft probability 0)."""
+        small = self.draft_logits(hidden).float()
+        if self.full_vocab:
+            return small
+        out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
+        out[:, self.vocab_ids] = small
+        return out
+
+    # ------------------------------------------------------------------ files
+    def save(self, out_dir: str | Path, target_name: str, target_model, extra: dict | None = None,
+             weights_dtype: torch.dtype | None = None) -> Path:
+        """Write head.safetensors (floating weights in `weights_dtype`, default as trained) + head.json."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        if weights_dtype is not None:
+            state = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in state.items()}
+        tmp = out / (WEIGHTS_FILE + ".tmp")
+        save_file(state, str(tmp), metadata={"format": HEAD_FORMAT})
+        tmp.replace(out / WEIGHTS_FILE)
+        meta = {
+            "format": HEAD_FORMAT, "version": HEAD_VERSION, "target": target_name,
+            "target_model_type": target_model.config.model_type, "target_fingerprint": target_fingerprint(target_model),
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "draft_vocab_size": int(self.vocab_ids.numel()),
+            **(extra or {}),
+        }
+        (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return out
+
+
+def read_head_config(head_dir: str | Path) -> dict:
+    path = Path(head_dir) / CONFIG_FILE
+    if not path.is_file() or not (Path(head_dir) / WEIGHTS_FILE).is_file():
+        raise ArborError(f"{head_dir} is not a draft head directory ({CONFIG_FILE} + {WEIGHTS_FILE}): train one with `arborspec train-head`")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArborError(f"{path} is not valid JSON ({exc.msg}): re-export the head") from None
+    if meta.get("format") != HEAD_FORMAT:
+        raise ArborError(f"{path} is not an arborspec draft head config: re-export the head")
+    return meta
+
+
+def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = None) -> DraftHead:
+    """Load a head for `target_model`; a head made for another target or vocabulary is refused."""
+    from safetensors.torch import load_file
+
+    meta = read_head_config(head_dir)
+    vocab = target_model.get_output_embeddings().weight.shape[0]
+    if meta.get("vocab_size") != vocab or meta.get("hidden_size") != target_model.config.hidden_size:
+        raise ArborError(
+            f"draft head {head_dir} was trained for a target with vocabulary {meta.get('vocab_size')} and hidden size "
+            f"{meta.get('hidden_size')}, this target has {vocab} and {target_model.config.hidden_size}: "
+            "train a head for this target with `arborspec train-head`")
+    if meta.get("target_fingerprint") != target_fingerprint(target_model):
+        raise ArborError(f"draft head {head_dir} was trained for another target ({meta.get('target')!r}): "
+                         "train a head for this target with `arborspec train-head`")
+    state = load_file(str(Path(head_dir) / WEIGHTS_FILE))
+    head = DraftHead(target_model, vocab_ids=state["vocab_ids"])
+    head.load_state_dict(state)
+    head.refresh_lm_rows()
+    if dtype is not None:
+        head.to(dtype=dtype)
+    return head.eval().requires_grad_(False)
+
+
+class HeadDrafter(Drafter):
+    """Runs a `DraftHead` for the tree builders, fed by the target's features of the committed tokens.
+
+    Head cache row r holds token x_r with feature f_{r-1}. `observe` receives
+    target features in commit order; `begin` feeds every committed token whose
+    previous feature is known (all of them: the engine's invariant is that the
+    features of all committed tokens but the last are known) and answers the
+    root's logits; `expand` feeds tree nodes depth by depth with the predicted
+    feature of their parent; `commit` drops the draft rows.
+    """
+
+    uses_target_features = True
+
+    def __init__(self, head: DraftHead) -> None:
+        self.head = head
+        self.vocab_size = head.vocab_size
+        self.device = head.body.norm.weight.device
+        self.dtype = head.body.norm.weight.dtype
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.head.body.config)
+        self.feats: list[torch.Tensor] = []  # target features f_0, f_1, ... of committed tokens
+        self.base = 0
+        self.pred: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}  # path -> (cache row, predicted feature)
+
+    def observe(self, features: torch.Tensor) -> None:
+        if features.numel():
+            self.feats.extend(features.detach().to(self.device, self.dtype).unbind(0))
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def _rows(self, tokens: list[int], feats: torch.Tensor, positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+        t0 = time.perf_counter()
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device).view(1, -1)
+        hidden = self.head(ids, feats.unsqueeze(0), position_ids=pos, attention_mask=mask, past_key_values=self.cache)[0]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.forward_time += time.perf_counter() - t0
+        self.forwards += 1
+        return hidden
+
+    def begin(self, committed: list[int]) -> torch.Tensor:
+        self.forward_time, self.forwards = 0.0, 0
+        n = len(committed)
+        if len(self.feats) < n - 1:
+            raise RuntimeError(f"head drafter has {len(self.feats)} target features for {n} committed tokens")
+        start = self.cache_len
+        zero = torch.zeros(self.head.hidden_size, device=self.device, dtype=self.dtype)
+        prev = [self.feats[r - 1] if r > 0 else zero for r in range(start, n)]
+        hidden = self._rows(committed[start:n], torch.stack(prev), list(range(start, n)), None)
+        self.base = n
+        root = hidden[-1]
+        self.pred = {(): (n - 1, root)}
+        return self.head.full_logits(root.unsqueeze(0))[0]
+
+    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+        past, k = self.cache_len, len(nodes)
+        allowed = torch.zeros(k, past + k, dtype=torch.bool)
+        allowed[:, : self.base] = True
+        feats, positions, paths = [], [], []
+        for row, node in enumerate(nodes):
+            path = tuple(tree.path_tokens(node))
+            for d in range(1, len(path)):
+                allowed[row, self.pred[path[:d]][0]] = True  # KeyError = contract broken (ancestor not expanded)
+            allowed[row, past + row] = True
+            feats.append(self.pred[path[:-1]][1])
+            positions.append(self.base - 1 + tree.depths[node])
+            paths.append(path)
+        mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
+        hidden = self._rows([tree.tokens[n] for n in nodes], torch.stack(feats), positions, mask)
+        for row, path in enumerate(paths):
+            self.pred[path] = (past + row, hidden[row])
+        return self.head.full_logits(hidden)
+
+    def commit(self, tree: TokenTree, accepted: list[int]) -> None:
+        drop = self.cache_len - self.base
+        if drop > 0:
+            self.cache.crop(-drop)
+        self.pred = {}

@@ -1,0 +1,222 @@
+"""The EAGLE-style draft head: lossless with every builder, FR-Spec keeps the target law, training, files, features."""
+
+import random
+
+import pytest
+import torch
+
+from arborspec.adapter import ModelAdapter
+from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.errors import ArborError
+from arborspec.head import DraftHead, HeadDrafter, load_head
+from arborspec.head_data import HeadSequence, _generate_batch, HeadDataConfig, FeatureRecorder
+from arborspec.registry import builder_names, make_builder
+from arborspec.sampling import SamplingConfig
+from arborspec.train_head import HeadTrainConfig, evaluate, make_batch, split, train, ttt_mask
+from arborspec.tree import TokenTree
+
+from conftest import tiny_llama
+
+EXTRA = {"c2t": {"classifier": "none"}}
+PROMPTS = [[5, 17, 33, 8, 9, 40], [1, 60, 61, 62, 60, 61, 62, 60, 61], [88]]
+
+
+def make_head(target, vocab_ids=None, seed=0):
+    torch.manual_seed(seed)
+    head = DraftHead(target, vocab_ids=vocab_ids)
+    head.init_from_target(target)
+    return head.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def greedy_sequences(target, n_seqs, prompt_len=6, new=40, seed=0):
+    """Target-greedy continuations of random prompts, with the target's features (what head_data stores)."""
+    rng = random.Random(seed)
+    vocab = target.config.vocab_size
+    out = []
+    for _ in range(n_seqs):
+        ids = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        seq = target.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, attention_mask=torch.ones(1, prompt_len, dtype=torch.long))[0]
+        feats = target.model(input_ids=seq[None]).last_hidden_state[0]
+        out.append(HeadSequence(seq, feats[:-1].half(), prompt_len))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0, layers=2)
+
+
+@pytest.fixture(scope="module")
+def trained_head(target, tmp_path_factory):
+    """A head trained briefly on the tiny target's own greedy text (restricted to 64 of 96 tokens).
+
+    A random tiny Llama's text has no structure to generalise from, so the head
+    is evaluated on its training sequences: what is checked is that training
+    and inference are wired right (a head that memorised the target's text must
+    make the trees accept it), not how well it generalises.
+    """
+    seqs = greedy_sequences(target, 16)
+    work = tmp_path_factory.mktemp("head")
+    cfg = HeadTrainConfig(out=str(work / "out"), work_dir=str(work / "w"), draft_vocab=64, epochs=40, lr=3e-3,
+                          warmup_steps=5, batch_tokens=256, ttt_steps=2, ckpt_every=10_000)
+    target.requires_grad_(False)
+    before = evaluate(make_head(target, vocab_ids=torch.arange(64)), seqs, cfg)
+    head, info = train(cfg, target, seqs, seqs, progress=False)
+    return head.eval().requires_grad_(False), info, before, seqs, cfg, work
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+@pytest.mark.parametrize("name", builder_names())
+def test_head_drafter_is_greedy_identical_for_every_builder(target, trained_head, name):
+    head = trained_head[0]
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
+    for budget in (1, 8):
+        dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(head), make_builder(name, budget=budget, **EXTRA.get(name, {})))
+        for prompt in PROMPTS:
+            spec = dec.generate(prompt, cfg)
+            base = autoregressive_generate(ModelAdapter(target), prompt, cfg)
+            assert spec.output_ids == base.output_ids, (name, budget, prompt)
+            assert sum(s.accepted_length for s in spec.steps) == len(spec.output_ids)
+
+
+def test_trained_head_makes_trees_accept_more(target, trained_head):
+    head, seqs = trained_head[0], trained_head[3]
+    prompt = seqs[0].tokens[: seqs[0].prompt_len].tolist()
+    cfg = DecodeConfig(max_new_tokens=32)
+    means = []
+    for drafter in (HeadDrafter(head), HeadDrafter(make_head(target, torch.arange(64)))):
+        res = SpeculativeDecoder(ModelAdapter(target), drafter, make_builder("dyspec", budget=8)).generate(prompt, cfg)
+        assert res.output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+        means.append(sum(s.accepted_length for s in res.steps) / len(res.steps))
+    assert means[0] > 1.4 and means[0] > means[1] + 0.3, means  # the gain comes from training
+
+
+VOCAB = 16
+N_RUNS = 500
+TV_BOUND = 0.1
+
+
+@pytest.mark.parametrize("name", ["dyspec", "specinfer", "sequoia", "opt-tree"])
+def test_fr_restricted_head_keeps_the_target_distribution(name):
+    """The draft may only propose 6 of 16 tokens; sampled outputs still follow the target's law exactly."""
+    from test_lossless import exact_first_two
+
+    target = tiny_llama(5, vocab=VOCAB, hidden=32, init=0.4)
+    head = make_head(target, vocab_ids=torch.tensor([0, 3, 5, 7, 11, 12]))
+    cfg = SamplingConfig(0.8, top_p=0.95)
+    prompt = [3, 7, 1, 12]
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(head), make_builder(name, budget=6))
+    c1, c2 = torch.zeros(VOCAB), torch.zeros(VOCAB)
+    for seed in range(N_RUNS):
+        out = dec.generate(prompt, DecodeConfig(max_new_tokens=2, sampling=cfg, seed=seed)).output_ids
+        c1[out[0]] += 1
+        c2[out[1]] += 1
+    tv1 = 0.5 * float((c1 / N_RUNS - p1).abs().sum())
+    tv2 = 0.5 * float((c2 / N_RUNS - p2).abs().sum())
+    assert tv1 < TV_BOUND and tv2 < TV_BOUND, (tv1, tv2)
+    assert p1[[1, 2, 4]].sum() > 0.05  # tokens outside the draft vocabulary do occur: the test has teeth
+
+
+def test_fr_restricted_logits_put_zero_probability_outside_the_draft_vocabulary(target):
+    head = make_head(target, vocab_ids=torch.tensor([4, 9, 50]))
+    drafter = HeadDrafter(head)
+    drafter.observe(torch.randn(4, target.config.hidden_size))
+    logits = drafter.begin([5, 6, 7, 8, 9])
+    probs = logits.softmax(-1)
+    assert torch.isfinite(logits[[4, 9, 50]]).all()
+    assert float(probs.sum() - probs[[4, 9, 50]].sum()) == 0.0
+
+
+# --------------------------------------------------------------------------- training and files
+
+
+def test_training_lowers_the_loss_and_raises_agreement(trained_head):
+    _, info, before, *_ = trained_head
+    after = info["best"]
+    assert after["loss"] < 0.7 * before["loss"], (before, after)
+    assert after["top1_depth1"] > before["top1_depth1"] + 0.3, (before, after)
+    assert after["top1_depth2"] > before["top1_depth2"] + 0.2, (before, after)
+
+
+def test_head_round_trips_through_save_and_load(target, trained_head, tmp_path):
+    head = trained_head[0]
+    head.save(tmp_path, "tiny", target)
+    loaded = load_head(tmp_path, target)
+    tokens, feats = torch.tensor([[5, 6, 7]]), torch.randn(1, 3, target.config.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(head(tokens, feats), loaded(tokens, feats))
+    assert torch.equal(head.vocab_ids, loaded.vocab_ids)
+
+
+def test_head_for_another_target_or_vocabulary_is_refused(target, trained_head, tmp_path):
+    trained_head[0].save(tmp_path, "tiny", target)
+    with pytest.raises(ArborError, match="another target"):
+        load_head(tmp_path, tiny_llama(7, layers=2))
+    with pytest.raises(ArborError, match="vocabulary"):
+        load_head(tmp_path, tiny_llama(0, vocab=80, layers=2))
+    with pytest.raises(ArborError, match="not a draft head"):
+        load_head(tmp_path / "missing", target)
+
+
+def test_ttt_mask_matches_the_tree_a_depth_two_node_sees():
+    pad = torch.tensor([[True, True, True, True, False]])
+    m = ttt_mask(pad, 2, torch.float32)[0, 0] == 0  # [5, 10] allowed
+    # pass 2 row 3 = depth-1 node after root row 2: true rows 0..2 of pass 1 (not row 3) + itself
+    assert m[3].tolist() == [True, True, True, False, False] + [False, False, False, True, False]
+    # pass 2 row 0 has no root before it: it sees only itself
+    assert m[0].tolist() == [False] * 5 + [True, False, False, False, False]
+    m3 = ttt_mask(pad, 3, torch.float32)[0, 0] == 0  # [5, 15]
+    # pass 3 row 3 = depth-2 node: root row 1, pass-2 row 2, itself
+    assert m3[3].tolist() == [True, True, False, False, False] + [False, False, True, False, False] + [False, False, False, True, False]
+
+
+def test_make_batch_aligns_features_with_rows():
+    s = HeadSequence(torch.tensor([10, 11, 12, 13]), torch.arange(3 * 2, dtype=torch.float16).view(3, 2), prompt_len=2)
+    b = make_batch([s], max_len=16)
+    assert b.prev[0, 0].tolist() == [0, 0] and b.prev[0, 1].tolist() == [0, 1] and b.prev[0, 3].tolist() == [4, 5]
+    assert b.target[0, 2].tolist() == [4, 5]
+    assert b.valid[0].tolist() == [False, True, True, False]  # root row (1) .. last row with a known feature (2)
+
+
+# --------------------------------------------------------------------------- features
+
+
+def test_adapter_returns_the_hidden_states_of_a_plain_forward(target):
+    adapter = ModelAdapter(target)
+    adapter.capture_hidden(True)
+    prompt = [5, 17, 33, 8]
+    adapter.prefill(torch.tensor(prompt[:-1]))
+    tree = TokenTree.from_root(prompt[-1])
+    a = tree.add(0, 11)
+    tree.add(0, 12)
+    tree.add(a, 13)
+    adapter.tree_forward(tree)
+    got = adapter.last_hidden
+    for node in range(tree.num_nodes):
+        seq = prompt + tree.path_tokens(node)
+        with torch.no_grad():
+            want = target.model(input_ids=torch.tensor([seq])).last_hidden_state[0, -1]
+        assert torch.allclose(got[node], want, atol=1e-5), node
+
+
+def test_generated_data_features_match_a_teacher_forced_pass(target):
+    recorder = FeatureRecorder(target)
+    enc = [[5, 6, 7, 8, 9], [20, 21]]
+    shard, n_new = _generate_batch(target, recorder, enc, pad_id=0, eos_set={2},
+                                   cfg=HeadDataConfig(max_new_tokens=6), sampled=False, seed=0)
+    recorder.close()
+    offs = shard["offsets"].tolist()
+    fo = 0
+    for i in range(2):
+        seq = shard["tokens"][offs[i]:offs[i + 1]].long()
+        n = len(seq)
+        with torch.no_grad():
+            want = target.model(input_ids=seq[None]).last_hidden_state[0, :-1]
+        assert torch.allclose(shard["feats"][fo:fo + n - 1].float(), want, atol=2e-2)
+        fo += n - 1
+    assert n_new == len(shard["tokens"]) - 7
