@@ -100,6 +100,9 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--budget", "0"], ">= 1"),
     (["generate", "hi", "--max-new-tokens", "0", "--target", "/no/such/dir"], "does not exist"),
     (["generate", "hi", "--param", "gamma"], "name=value"),
+    (["generate", "hi", "--draft", "/no/such/head"], "does not exist"),
+    (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
+    (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
 ])
 def test_cli_one_line_errors(args, needle):
     result = CliRunner().invoke(app, args)

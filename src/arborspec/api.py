@@ -19,7 +19,7 @@ from .decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregress
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .errors import ArborError
 from .models import (EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_TARGET, NGRAM_DRAFT, SHIPPED_DRAFT_DIR, SHIPPED_HEAD_DIR,
-                     is_head_dir, load_model, load_tokenizer, parse_dtype, resolve_head_dir)
+                     is_head_dir, load_model, load_tokenizer, parse_dtype, resolve_head_dir, resolve_model_path)
 from .registry import make_builder
 from .sampling import SamplingConfig
 from .stats import GenerationResult
@@ -73,6 +73,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     a draft model id/dir or "embedded-draft", or "ngram".
     """
     draft = draft or default_draft(target)
+    if draft != NGRAM_DRAFT and not is_head_dir(draft):
+        resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)
     target_model = load_model(target, device, dtype, device_map=device_map)
     adapter = ModelAdapter(target_model)
