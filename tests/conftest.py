@@ -38,8 +38,8 @@ def perturbed_copy(model, seed: int, noise: float):
 
 def assert_greedy_identical(target, draft, builder, prompt=(1, 17, 42, 8, 23), max_new_tokens=24):
     """Greedy speculative output == plain decoding == HF generate (up to HF's EOS stop); the tree must help."""
-    from arborspec.adapter import ModelAdapter
-    from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+    from arborspec.engine.adapter import ModelAdapter
+    from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
     from arborspec.drafters import ModelDrafter
 
     prompt = list(prompt)

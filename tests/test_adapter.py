@@ -3,11 +3,11 @@
 import torch
 from transformers import DynamicCache
 
-from arborspec.adapter import ModelAdapter
-from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import ModelDrafter
-from arborspec.registry import make_builder
-from arborspec.tree import TokenTree
+from arborspec.builders.registry import make_builder
+from arborspec.engine.tree import TokenTree
 
 
 def plain_logits(model, ids: list[int]) -> torch.Tensor:

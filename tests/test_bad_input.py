@@ -5,14 +5,14 @@ import importlib.util
 import pytest
 from typer.testing import CliRunner
 
-from arborspec.adapter import ModelAdapter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.api import check_same_vocabulary, encode_prompt, sampling_config
 from arborspec.cli import app
-from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
 from arborspec.models import embedded_gguf_path, load_model
-from arborspec.registry import builder_names, make_builder
+from arborspec.builders.registry import builder_names, make_builder
 
 from conftest import tiny_llama
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from arborspec.bench import BenchConfig, RunKey, expand_methods, parse_method_spec, run_bench
+from arborspec.bench.run import BenchConfig, RunKey, expand_methods, parse_method_spec, run_bench
 from arborspec.errors import ArborError
-from arborspec.metrics import summarize, speedup_vs_baseline
-from arborspec.prompts import encode_conversation, load_prompts, second_turn
-from arborspec.report import PLOTS, read_results, write_report
+from arborspec.bench.metrics import summarize, speedup_vs_baseline
+from arborspec.bench.prompts import encode_conversation, load_prompts, second_turn
+from arborspec.bench.report import PLOTS, read_results, write_report
 
 from conftest import perturbed_copy, tiny_llama
 
@@ -77,7 +77,7 @@ def test_method_summary_hand_computed():
 
 
 def test_acceptance_vs_draft_prob_bins():
-    from arborspec.metrics import acceptance_by_draft_prob
+    from arborspec.bench.metrics import acceptance_by_draft_prob
 
     centres, rates, counts = acceptance_by_draft_prob(_synthetic_records()[2:3], bins=4)
     assert counts == [1, 2, 0, 2]  # 0.05 -> bin 0; 0.25, 0.3 -> bin 1; 0.9, 0.95 -> bin 3
@@ -244,7 +244,7 @@ def test_run_bench_end_to_end(tiny_dirs, tmp_path):
 
 
 def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path, monkeypatch):
-    from arborspec import bench
+    from arborspec.bench import run as bench
 
     cfg = dict(methods=["dyspec:budget=4"], temperatures=[0.0], turns=1, compare_hf_assisted=False, warmup=0)
     full = run_bench(_cfg(tiny_dirs, tmp_path / "full", **cfg), quiet=True)
@@ -277,7 +277,7 @@ def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path,
 
 
 def test_bench_command_options_fail_before_loading(tiny_dirs, tmp_path):
-    from arborspec.bench import bench_command
+    from arborspec.bench.run import bench_command
 
     with pytest.raises(ArborError, match="comma-separated"):
         bench_command(["dyspec:budget=4"], temperatures="0,hot", out=tmp_path / "x")

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 import arborspec.builders.c2t as c2t_builder
-from arborspec.adapter import ModelAdapter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.builders.base import DraftContext
-from arborspec.c2t import (
+from arborspec.offline.c2t import (
     C2TConfig, C2TDataset, label_tree, load_classifier, propose, top_entropy, train, train_c2t_models,
 )
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.drafters import Drafter, ModelDrafter
 from arborspec.errors import ArborError
-from arborspec.registry import make_builder
-from arborspec.sampling import SamplingConfig
-from arborspec.tree import TokenTree
+from arborspec.builders.registry import make_builder
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
 
 from conftest import perturbed_copy, tiny_llama
 

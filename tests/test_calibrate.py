@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from arborspec.calibrate import (
+from arborspec.offline.calibrate import (
     CalibrationConfig, accepted_child_index, calibrate_models, load_calibration, write_sequoia_shape,
 )
 from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
-from arborspec.registry import make_builder
-from arborspec.sampling import SamplingConfig
-from arborspec.sequoia_dp import tree_score
-from arborspec.shapes import load_shape
+from arborspec.builders.registry import make_builder
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.builders.sequoia_dp import tree_score
+from arborspec.builders.shapes import load_shape
 
 SMALL = dict(children=6, draws=6, max_new_tokens=12, max_tree_tokens=16, timing_context=32, timing_repeats=2)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arborspec.distill import DistillConfig, build_prompts, check_vocab_match, distill, load_data, load_draft, pca_embedding
+from arborspec.offline.distill import DistillConfig, build_prompts, check_vocab_match, distill, load_data, load_draft, pca_embedding
 from arborspec.errors import ArborError
 from arborspec.models import SHIPPED_DRAFT_DIR, load_tokenizer
 
@@ -83,7 +83,7 @@ def test_distill_end_to_end_on_tiny_target(tmp_path, tiny_target, target_tok):
     # the exported fp16 weights (tied LM head) reproduce the trained checkpoint's logits
     from safetensors.torch import load_file
 
-    from arborspec.distill import build_draft
+    from arborspec.offline.distill import build_draft
 
     ref = build_draft(cfg, AutoModelForCausalLM.from_pretrained(tiny_target))
     ref.load_state_dict(load_file(str(tmp_path / "work" / "best" / "model.safetensors")), strict=False)

@@ -6,14 +6,14 @@ import pytest
 import torch
 from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
 
-from arborspec.adapter import ModelAdapter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.builders.base import DraftContext
 from arborspec.builders.dyspec import DySpecBuilder, DySpecThresholdBuilder
-from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import Drafter, ModelDrafter
-from arborspec.sampling import SamplingConfig
-from arborspec.tree import TokenTree
-from arborspec.verifiers import VERIFIERS
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
+from arborspec.engine.verifiers import VERIFIERS
 
 DRAFT_SIDE = SamplingConfig(temperature=1.0)
 

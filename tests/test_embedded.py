@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from arborspec.api import SpeculativeGenerator, encode_prompt, load_pair
 from arborspec.cli import app
-from arborspec.registry import builder_names
+from arborspec.builders.registry import builder_names
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",

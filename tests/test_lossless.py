@@ -6,11 +6,11 @@ Parametrised over the registry, so a new builder is covered as soon as it is reg
 import pytest
 import torch
 
-from arborspec.adapter import ModelAdapter
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.drafters import ModelDrafter, NgramDrafter
-from arborspec.registry import builder_names, make_builder
-from arborspec.sampling import SamplingConfig, probs_from_logits
+from arborspec.builders.registry import builder_names, make_builder
+from arborspec.engine.sampling import SamplingConfig, probs_from_logits
 
 from conftest import perturbed_copy, tiny_llama
 

@@ -6,16 +6,16 @@ import pytest
 import torch
 from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
 
-from arborspec.adapter import ModelAdapter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.builders.base import DraftContext
 from arborspec.builders.eagle2 import Eagle2Builder
 from arborspec.builders.opt_tree import OptTreeBuilder, top_subtree
-from arborspec.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import Drafter, ModelDrafter
 from arborspec.errors import ArborError
-from arborspec.sampling import SamplingConfig
-from arborspec.tree import TokenTree
-from arborspec.verifiers import VERIFIERS
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
+from arborspec.engine.verifiers import VERIFIERS
 
 
 class TableDrafter(Drafter):

@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from arborspec.adapter import ModelAdapter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.builders.dyspec import DySpecBuilder
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.drafters import ModelDrafter
-from arborspec.reorder import dfs_order, mask_blocks, subtree_sizes
-from arborspec.sampling import SamplingConfig
-from arborspec.tree import TokenTree
+from arborspec.engine.reorder import dfs_order, mask_blocks, subtree_sizes
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
 
 
 def tree_from_parents(parents: list[int]) -> TokenTree:

@@ -7,7 +7,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from arborspec.errors import ArborError
-from arborspec.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement, warp_logits
+from arborspec.engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement, warp_logits
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.6, 8, 0.9), (1.0, 1, 1.0)])

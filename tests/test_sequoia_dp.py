@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from arborspec.errors import ArborError
-from arborspec.sequoia_dp import (
+from arborspec.builders.sequoia_dp import (
     DEFAULT_ACCEPTANCE, choose_size, default_shape, optimal_shape, solve, tree_score,
 )
-from arborspec.shapes import load_shape, save_shape, validate_shape
+from arborspec.builders.shapes import load_shape, save_shape, validate_shape
 
 
 def ordered_trees(nodes: int) -> list[list[tuple[int, ...]]]:

@@ -2,7 +2,7 @@
 
 import torch
 
-from arborspec.tree import TokenTree
+from arborspec.engine.tree import TokenTree
 
 
 def small_tree() -> TokenTree:

@@ -7,11 +7,11 @@ residual update) and a lossy pairing (rejection on a *selected* tree) fail it.
 import pytest
 import torch
 
-from arborspec import verifiers
+from arborspec.engine import verifiers
 from arborspec.errors import ArborError
-from arborspec.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
-from arborspec.tree import TokenTree
-from arborspec.verifiers import VERIFIERS, choose_verifier
+from arborspec.engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
+from arborspec.engine.tree import TokenTree
+from arborspec.engine.verifiers import VERIFIERS, choose_verifier
 
 N_TRIALS = 6000
 TV_BOUND = 0.035

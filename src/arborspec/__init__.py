@@ -1,12 +1,12 @@
 """arborspec: lossless tree-based speculative decoding on unmodified Hugging Face models."""
 
 from .api import ModelPair, SpeculativeGenerator, load_pair
-from .decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from .engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from .errors import ArborError
-from .registry import builder_names, make_builder
-from .sampling import SamplingConfig
-from .stats import GenerationResult, StepStats
-from .tree import TokenTree
+from .builders.registry import builder_names, make_builder
+from .engine.sampling import SamplingConfig
+from .engine.stats import GenerationResult, StepStats
+from .engine.tree import TokenTree
 
 __version__ = "0.1.0"
 __all__ = [

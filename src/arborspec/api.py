@@ -14,15 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .adapter import ModelAdapter
-from .decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
+from .engine.adapter import ModelAdapter
+from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .errors import ArborError
 from .models import (EMBEDDED_DRAFT, EMBEDDED_HEAD, EMBEDDED_TARGET, NGRAM_DRAFT, SHIPPED_DRAFT_DIR, SHIPPED_HEAD_DIR,
                      is_head_dir, load_model, load_tokenizer, parse_dtype, resolve_head_dir, resolve_model_path)
-from .registry import make_builder
-from .sampling import SamplingConfig
-from .stats import GenerationResult
+from .builders.registry import make_builder
+from .engine.sampling import SamplingConfig
+from .engine.stats import GenerationResult
 
 DEFAULT_METHOD = "dyspec"
 DEFAULT_BUDGET = 16

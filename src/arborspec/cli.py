@@ -93,8 +93,8 @@ def generate(
 ) -> None:
     """Generate a continuation with speculative decoding, streaming the text and printing statistics."""
     from .api import SpeculativeGenerator
-    from .registry import parse_params
-    from .sampling import SamplingConfig
+    from .builders.registry import parse_params
+    from .engine.sampling import SamplingConfig
 
     SamplingConfig(temperature, top_k, top_p)  # validate before loading models
     if not prompt.strip():
@@ -121,7 +121,7 @@ def methods() -> None:
     """List the registered tree builders, their parameters and their verifier pairing."""
     import dataclasses
 
-    from .registry import builder_class, builder_names
+    from .builders.registry import builder_class, builder_names
 
     for name in builder_names():
         cls = builder_class(name)
@@ -151,7 +151,7 @@ def calibrate(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c."""
-    from .calibrate import CalibrationConfig, calibrate as run_calibration
+    from .offline.calibrate import CalibrationConfig, calibrate as run_calibration
 
     cfg = CalibrationConfig(temperature, top_k, top_p, children, draws, num_prompts, max_new_tokens,
                             max_tree_tokens, timing_context, timing_repeats, seed)
@@ -171,7 +171,7 @@ def sequoia_shape(
     max_depth: int = typer.Option(12, "--max-depth"),
 ) -> None:
     """Write the optimal Sequoia tree shape (DP, App. C.2.2) for a calibration; use it with -m sequoia -p shape=FILE."""
-    from .calibrate import write_sequoia_shape
+    from .offline.calibrate import write_sequoia_shape
 
     shape, meta = write_sequoia_shape(calibration_file, out, size=size, depth=depth, max_size=max_size, max_depth=max_depth)
     err.print(f"shape of {len(shape)} nodes, depth {max(len(p) for p in shape)} -> {out} "
@@ -203,7 +203,7 @@ def train_c2t(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Train the C2T pruning classifier on large expanded trees labelled by the target."""
-    from .c2t import C2TConfig, train_c2t as run_training
+    from .offline.c2t import C2TConfig, train_c2t as run_training
 
     cfg = C2TConfig(k, depth, num_prompts, max_new_tokens, positions_per_prompt, temperature, top_p, neg_per_pos,
                     epochs, lr, batch_size, holdout, beta, seed)
@@ -240,7 +240,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
 ) -> None:
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
-    from .bench import bench_command
+    from .bench.run import bench_command
 
     path = bench_command(method, temperatures, prompts, num_prompts, max_new_tokens, seeds, repeats, target, draft,
                          device, dtype, warmup, out_dir, resume, compare_hf_assisted, turns, no_chat, top_k, top_p,
@@ -255,7 +255,7 @@ def report(
     out_dir: Path = typer.Option(Path("runs/report"), "--out", "-o"),
 ) -> None:
     """Re-render tables and plots from saved results, without running any model."""
-    from .report import write_report
+    from .bench.report import write_report
 
     path = write_report(list(results), out_dir)
     err.print(f"report: {path}", highlight=False)
@@ -287,7 +287,7 @@ def distill(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Distil a small draft model from a target (sequence-level KD + top-k soft labels); resumable."""
-    from .distill import DistillConfig, distill as run_distill
+    from .offline.distill import DistillConfig, distill as run_distill
 
     cfg = DistillConfig(target=target, out_dir=str(out), work_dir=str(work_dir or ""), layers=layers, hidden=hidden,
                         intermediate=intermediate, heads=heads, kv_heads=kv_heads, num_prompts=num_prompts,

@@ -22,8 +22,8 @@ import torch
 
 from ..drafters import Drafter
 from ..errors import ArborError
-from ..sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
-from ..tree import ChildrenMode, TokenTree
+from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
+from ..engine.tree import ChildrenMode, TokenTree
 
 
 class DraftContext:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..c2t import DEFAULT_CLASSIFIER, C2TClassifier, add_candidates, load_classifier, propose
+from ..offline.c2t import DEFAULT_CLASSIFIER, C2TClassifier, add_candidates, load_classifier, propose
 from ..errors import ArborError
-from ..registry import register
-from ..tree import TokenTree
+from .registry import register
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, require_positive
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..registry import register
-from ..tree import TokenTree
+from .registry import register
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, draw_children, require_positive
 
 

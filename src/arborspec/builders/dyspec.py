@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ArborError
-from ..registry import register
-from ..sampling import sample_without_replacement
-from ..tree import TokenTree
+from .registry import register
+from ..engine.sampling import sample_without_replacement
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, require_positive
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..registry import register
-from ..tree import TokenTree
+from .registry import register
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, require_positive
 from .opt_tree import rank_nodes, top_subtree
 

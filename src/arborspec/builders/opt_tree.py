@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ArborError
-from ..registry import register
-from ..tree import ChildrenMode, TokenTree
+from .registry import register
+from ..engine.tree import ChildrenMode, TokenTree
 from .base import DraftContext, TreeBuilder, require_positive
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ArborError
-from ..registry import register
-from ..shapes import Shape, children_counts, load_shape, parse_shape_literal, shape_depth, validate_shape
-from ..tree import TokenTree
+from .registry import register
+from .shapes import Shape, children_counts, load_shape, parse_shape_literal, shape_depth, validate_shape
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, draw_children, require_positive
 
 
@@ -38,7 +38,7 @@ class SequoiaBuilder(TreeBuilder):
         elif isinstance(self.shape, str):
             self.shape, _ = load_shape(self.shape)
         elif self.shape is None:
-            from ..sequoia_dp import default_shape
+            from .sequoia_dp import default_shape
 
             self.shape = default_shape(self.budget, self.depth)
         else:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import register
-from ..tree import TokenTree
+from .registry import register
+from ..engine.tree import TokenTree
 from .base import DraftContext, TreeBuilder, require_positive
 
 

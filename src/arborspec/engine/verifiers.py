@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from .errors import ArborError
+from ..errors import ArborError
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .tree import TokenTree
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ArborError
+from ..errors import ArborError
 from .prompts import Prompt, conversation, encode_conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
@@ -84,7 +84,7 @@ class BenchConfig:
             raise ArborError(f"turns must be 1 or 2, got {self.turns}")
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
-        from .sampling import SamplingConfig
+        from ..engine.sampling import SamplingConfig
 
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p)  # one-line errors for bad top-k / top-p
 
@@ -106,7 +106,7 @@ class MethodConfig:
         return ":".join([self.name] + [f"{k}={v}" for k, v in self.params])
 
     def make(self):
-        from .registry import make_builder
+        from ..builders.registry import make_builder
 
         params = dict(self.params)
         return make_builder(self.name, budget=params.pop("budget", None), **params)
@@ -118,7 +118,7 @@ def parse_method_spec(spec: str) -> list[MethodConfig]:
     >>> [m.label for m in parse_method_spec("dyspec:budget=8,16")]
     ['dyspec:budget=8', 'dyspec:budget=16']
     """
-    from .registry import parse_params
+    from ..builders.registry import parse_params
 
     name, *parts = [p.strip() for p in spec.strip().split(":")]
     if not name:
@@ -207,7 +207,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    from . import __version__
+    from .. import __version__
 
     return {"arborspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
@@ -267,8 +267,8 @@ class _Runner:
     """Holds the loaded pair, the decoders and the results file for one benchmark run."""
 
     def __init__(self, cfg: BenchConfig, pair, methods: list[MethodConfig]) -> None:
-        from .api import eos_ids
-        from .decode import SpeculativeDecoder
+        from ..api import eos_ids
+        from ..engine.decode import SpeculativeDecoder
 
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
@@ -280,15 +280,15 @@ class _Runner:
         return [BASELINE] + [m.label for m in self.methods] + self.hf
 
     def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None):
-        from .api import sampling_config
-        from .decode import DecodeConfig
+        from ..api import sampling_config
+        from ..engine.decode import DecodeConfig
 
         sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p)
         return DecodeConfig(max_new_tokens or self.cfg.max_new_tokens, sampling, seed, self.eos)
 
     def generate(self, label: str, ids: list[int], temperature: float, seed: int, max_new_tokens: int | None = None):
         """Returns (output ids, wall seconds, per-step stats or [], extra config dict)."""
-        from .decode import autoregressive_generate
+        from ..engine.decode import autoregressive_generate
 
         dcfg = self.decode_config(temperature, seed, max_new_tokens)
         if label in (HF_GENERATE, HF_ASSISTED):
@@ -304,7 +304,7 @@ class _Runner:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from .drafters import ModelDrafter
+        from ..drafters import ModelDrafter
 
         model = self.pair.target.model
         kwargs: dict[str, Any] = dict(max_new_tokens=dcfg.max_new_tokens, do_sample=False, temperature=None,
@@ -362,7 +362,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     """
     import torch
 
-    from .api import default_draft, load_pair
+    from ..api import default_draft, load_pair
 
     cfg.validate()
     if cfg.threads:
@@ -400,7 +400,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
 
 def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
     """Fail before the first run if a prompt + max_new_tokens + the deepest tree would not fit the context."""
-    from .decode import check_context
+    from ..engine.decode import check_context
 
     depth = max([d.builder.max_depth for d in runner.decoders.values()] + [0]) + 1
     longest = max(first_ids.values(), key=len)
@@ -423,7 +423,7 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
 
 
 def _hf_note(runner: _Runner) -> dict:
-    from .drafters import ModelDrafter
+    from ..drafters import ModelDrafter
 
     how = ("the draft model as assistant_model" if isinstance(runner.pair.drafter, ModelDrafter)
            else "prompt lookup (prompt_lookup_num_tokens=10), since the draft is the model-free n-gram drafter")

@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .errors import ArborError
+from ..errors import ArborError
 from .metrics import BASELINE, MethodSummary, acceptance_by_draft_prob, estimated_vs_actual, summarize
 
 SCHEMA_VERSION = 1

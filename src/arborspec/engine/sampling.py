@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .errors import ArborError
+from ..errors import ArborError
 
 
 @dataclass(frozen=True)

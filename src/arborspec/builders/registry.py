@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .errors import ArborError
+from ..errors import ArborError
 
 BUILDERS: dict[str, type] = {}
 
@@ -72,4 +72,4 @@ def _coerce(raw: str) -> Any:
 
 
 def _load() -> None:
-    from . import builders  # noqa: F401  (registers every builder on import)
+    from .. import builders  # noqa: F401  (registers every builder on import)

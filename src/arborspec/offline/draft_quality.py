@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ArborError
+from ..errors import ArborError
 
 MTBENCH_REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 HUMANEVAL_REL = "data/HumanEval.jsonl.gz"
@@ -125,7 +125,7 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
             max_new_tokens: int = 64, temperature: float = 0.6, cache_len: int = 128, reps: int = 40,
             threads: int | None = None, gen_batch_size: int = 8, progress: bool = True) -> dict:
     from .distill import load_draft
-    from .models import load_model, load_tokenizer, resolve_model_path
+    from ..models import load_model, load_tokenizer, resolve_model_path
 
     if threads:
         torch.set_num_threads(threads)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import ArborError
+from ..errors import ArborError
 
 
 def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> Any:

@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from .adapter import ModelAdapter
-from .tree import TokenTree
+from ..engine.adapter import ModelAdapter
+from ..engine.tree import TokenTree
 
 
 class Drafter(ABC):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from .adapter import ModelAdapter
-from .builders.base import DraftContext, TreeBuilder
-from .drafters import Drafter
-from .errors import ArborError
+from ..builders.base import DraftContext, TreeBuilder
+from ..drafters import Drafter
+from ..errors import ArborError
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationResult, StepStats

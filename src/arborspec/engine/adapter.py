@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .errors import ArborError
+from ..errors import ArborError
 from .tree import TokenTree, additive_mask
 
 

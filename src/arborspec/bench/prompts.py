@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ArborError
+from ..errors import ArborError
 
 BUILTIN_SETS = ("mt-bench", "humaneval")
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input", "turns")
@@ -81,7 +81,7 @@ def second_turn(prompt: Prompt, first_answer: str) -> list[dict]:
 
 def encode_conversation(tokenizer, messages: list[dict], chat: bool = True) -> list[int]:
     """Token ids for a conversation: the chat template when the tokenizer has one (and `chat`), else plain text."""
-    from .api import encode_prompt
+    from ..api import encode_prompt
 
     if len(messages) == 1:
         return encode_prompt(tokenizer, messages[0]["content"], chat)

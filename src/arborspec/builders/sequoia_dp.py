@@ -34,7 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import ArborError
+from ..errors import ArborError
 from .shapes import Shape, validate_shape
 
 # Default acceptance vector when no calibration is given: p_k = 0.6 * 0.4^(k-1), k = 1..16.

@@ -35,17 +35,17 @@ from pathlib import Path
 
 import torch
 
-from .adapter import ModelAdapter
-from .api import encode_prompt, eos_ids, load_pair
-from .decode import DecodeConfig, autoregressive_generate
-from .drafters import Drafter
-from .errors import ArborError
-from .jsonfiles import read_json_file
-from .sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
-from .sequoia_dp import choose_size, optimal_shape, predicted_speedup
-from .shapes import save_shape
-from .tree import TokenTree
-from .verifiers import rejection
+from ..engine.adapter import ModelAdapter
+from ..api import encode_prompt, eos_ids, load_pair
+from ..engine.decode import DecodeConfig, autoregressive_generate
+from ..drafters import Drafter
+from ..errors import ArborError
+from ..common.jsonfiles import read_json_file
+from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
+from ..builders.sequoia_dp import choose_size, optimal_shape, predicted_speedup
+from ..builders.shapes import save_shape
+from ..engine.tree import TokenTree
+from ..engine.verifiers import rejection
 
 CALIBRATION_FORMAT = "arborspec-calibration/1"
 

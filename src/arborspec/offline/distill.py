@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ArborError
+from ..errors import ArborError
 
 SHARD_PREFIX = "shard_"
 
@@ -735,7 +735,7 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
     from safetensors.torch import load_file, save_file
     from transformers import GenerationConfig
 
-    from .models import parse_dtype
+    from ..models import parse_dtype
 
     ckpt = cfg.work_path / checkpoint
     if not (ckpt / "model.safetensors").is_file():
@@ -778,7 +778,7 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
 
 
 def _load_target(cfg: DistillConfig):
-    from .models import load_model, load_tokenizer
+    from ..models import load_model, load_tokenizer
 
     tok = load_tokenizer(cfg.target)
     model = load_model(cfg.target, device=cfg.device, dtype=cfg.dtype)

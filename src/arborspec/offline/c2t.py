@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .adapter import ModelAdapter
-from .drafters import Drafter
-from .errors import ArborError
-from .sampling import SamplingConfig, probs_from_logits, sample
-from .tree import TokenTree
+from ..engine.adapter import ModelAdapter
+from ..drafters import Drafter
+from ..errors import ArborError
+from ..engine.sampling import SamplingConfig, probs_from_logits, sample
+from ..engine.tree import TokenTree
 
 if TYPE_CHECKING:
-    from .builders.base import DraftContext
+    from ..builders.base import DraftContext
 
 # The training pipeline imports `decode` and `calibrate` inside its functions: the
 # `c2t` builder imports this module, and `decode` imports the builders package.
@@ -54,7 +54,7 @@ FEATURES = ("joint_probability", "parent_entropy_top1000", "depth")
 ENTROPY_TOP = 1000
 HIDDEN = 48
 CLASSIFIER_FORMAT = "arborspec-c2t/1"
-SHIPPED_DIR = Path(__file__).parent / "assets" / "c2t"
+SHIPPED_DIR = Path(__file__).parent.parent / "assets" / "c2t"
 DEFAULT_CLASSIFIER = SHIPPED_DIR / "embedded.safetensors"  # for target "embedded" + draft "embedded-draft"
 
 
@@ -248,9 +248,9 @@ def tree_positions(prompt_len: int, total_len: int, count: int) -> list[int]:
 def collect_training_data(target_model, drafter: Drafter, prompts: list[list[int]], cfg: C2TConfig,
                           eos_token_ids: tuple[int, ...] = (), progress: bool = True) -> C2TDataset:
     """Expanded draft trees at real positions, labelled by one target tree forward each."""
-    from .builders.base import DraftContext
+    from ..builders.base import DraftContext
     from .calibrate import progress_enumerate
-    from .decode import DecodeConfig, autoregressive_generate
+    from ..engine.decode import DecodeConfig, autoregressive_generate
 
     target = ModelAdapter(target_model)
     sampling = cfg.sampling
@@ -372,7 +372,7 @@ def train_c2t(target: str = "embedded", draft: str | None = None, cfg: C2TConfig
 
     `out` defaults to the shipped location, but only for the embedded target with its distilled draft.
     """
-    from .api import encode_prompt, eos_ids, load_pair
+    from ..api import encode_prompt, eos_ids, load_pair
     from .calibrate import read_prompts
 
     cfg = cfg or C2TConfig()

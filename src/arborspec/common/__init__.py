@@ -1,0 +1,1 @@
+"""Small helpers shared by every layer; they import nothing of arborspec but `errors`."""
