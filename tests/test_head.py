@@ -5,15 +5,15 @@ import random
 import pytest
 import torch
 
-from arborspec.adapter import ModelAdapter
-from arborspec.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.errors import ArborError
-from arborspec.head import DraftHead, HeadDrafter, load_head
-from arborspec.head_data import HeadSequence, _generate_batch, HeadDataConfig, FeatureRecorder
-from arborspec.registry import builder_names, make_builder
-from arborspec.sampling import SamplingConfig
-from arborspec.train_head import HeadTrainConfig, evaluate, make_batch, split, train, ttt_mask
-from arborspec.tree import TokenTree
+from arborspec.drafters.head import DraftHead, HeadDrafter, load_head
+from arborspec.offline.head_data import HeadSequence, _generate_batch, HeadDataConfig, FeatureRecorder
+from arborspec.builders.registry import builder_names, make_builder
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.offline.train_head import HeadTrainConfig, evaluate, make_batch, split, train, ttt_mask
+from arborspec.engine.tree import TokenTree
 
 from conftest import tiny_llama
 

@@ -81,7 +81,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):
-        from .head import HeadDrafter, load_head
+        from .drafters.head import HeadDrafter, load_head
 
         drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype)))
     else:

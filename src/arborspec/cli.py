@@ -324,8 +324,8 @@ def train_head(
     """Train an EAGLE-style draft head on the target's own answers and features; resumable, Ctrl-C safe."""
     import torch
 
-    from .head_data import HeadDataConfig
-    from .train_head import HeadTrainConfig, train_head as run
+    from .offline.head_data import HeadDataConfig
+    from .offline.train_head import HeadTrainConfig, train_head as run
 
     if threads:
         torch.set_num_threads(threads)

@@ -43,9 +43,9 @@ import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
-from .drafters import Drafter
-from .errors import ArborError
-from .tree import TokenTree, additive_mask
+from .model import Drafter
+from ..errors import ArborError
+from ..engine.tree import TokenTree, additive_mask
 
 HEAD_FORMAT = "arborspec-draft-head"
 HEAD_VERSION = 1

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ArborError
+from ..errors import ArborError
 
 SHARD_PREFIX = "shard_"
 LANGUAGES = ["French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian"]

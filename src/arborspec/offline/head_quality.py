@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .draft_quality import forward_time, humaneval_prompts, mtbench_first_turns
-from .head import DraftHead, load_head
+from ..drafters.head import DraftHead, load_head
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data
 from .train_head import HeadTrainConfig, evaluate, make_batch
 
@@ -72,7 +72,7 @@ def chain_acceptance(head: DraftHead, seqs: list[HeadSequence], temperature: flo
 def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "runs/head/heldout", n_mtbench: int = 80,
             n_humaneval: int = 40, max_new_tokens: int = 128, temperature: float = 0.6, cache_len: int = 128,
             reps: int = 30, depths: int = 3) -> dict:
-    from .models import load_model, load_tokenizer
+    from ..models import load_model, load_tokenizer
 
     tok = load_tokenizer(target_name)
     target = load_model(target_name).requires_grad_(False)
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    from .models import resolve_head_dir
+    from ..models import resolve_head_dir
 
     res = measure(str(resolve_head_dir(a.head)), a.target, work_dir=a.work_dir, n_mtbench=a.n_mtbench,
                   n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens, temperature=a.temperature)

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .errors import ArborError
-from .head import DraftHead
+from ..errors import ArborError
+from ..drafters.head import DraftHead
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data, token_frequencies
 
 
@@ -299,7 +299,7 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
 
 def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
     """All stages; returns the exported head directory."""
-    from .models import load_model, load_tokenizer
+    from ..models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.target)
     target = load_model(cfg.target, cfg.device, "float32")
@@ -314,7 +314,7 @@ def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
         print(f"arborspec: interrupted; checkpoint kept in {cfg.work_path / 'checkpoint'}; rerun with --resume", file=sys.stderr)
     best_dir = cfg.work_path / "best"
     if (best_dir / "head.safetensors").is_file():
-        from .head import load_head
+        from ..drafters.head import load_head
 
         head = load_head(best_dir, target)
     n_answer = sum(len(s.tokens) - s.prompt_len for s in seqs)
