@@ -1,6 +1,6 @@
 """Benchmark figures from results records: pure functions, no models, no files.
 
-Conventions (ALGORITHMS.md §1): *accepted length* counts the tokens committed
+Conventions (docs/algorithms.md §1): *accepted length* counts the tokens committed
 per target forward **including the bonus token**; *tree size* counts draft
 nodes, root excluded. Speedup is a ratio of **totals**:
 
