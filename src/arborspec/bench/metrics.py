@@ -11,7 +11,7 @@ over the runs both have (same prompt, turn, temperature, seed, repeat) —
 never the mean of per-prompt ratios, which over-weights short answers. The
 per-prompt ratios are reported only as a spread (min / median / max).
 
-A record is one `kind == "run"` line of a results file (see `bench.py`); its
+A record is one `kind == "run"` line of a results file (see `bench/run.py`); its
 `steps` field holds per-step columns (`accepted_length`, `tree_size`, ...).
 """
 

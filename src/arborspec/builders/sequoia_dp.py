@@ -44,7 +44,7 @@ from .shapes import Shape, validate_shape
 # Default acceptance vector when no calibration is given: p_k = 0.6 * 0.4^(k-1), k = 1..16.
 # Geometric and decreasing (the shape a sampling-without-replacement verifier shows
 # in the Sequoia paper's measurements), summing to just under 1. First child 0.6 is
-# a middle-of-the-road draft; calibrate a pair (`calibrate.py`) for its real vector.
+# a middle-of-the-road draft; calibrate a pair (`offline/calibrate.py`) for its real vector.
 DEFAULT_ACCEPTANCE: tuple[float, ...] = tuple(0.6 * 0.4 ** k for k in range(16))
 
 NEG = -np.inf
