@@ -27,6 +27,7 @@ import torch
 
 from ..common.chat import encode_prompt
 from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
+from ..common.progress import progress_bar
 from ..common.timing import clock
 from ..errors import ArborError
 from ..models import load_model, load_tokenizer, resolve_model_path
@@ -117,16 +118,16 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
         enc = [encode_prompt(tok, p) for p in prompts]
         conts = greedy_continuations(target, tok, enc, max_new_tokens, gen_batch_size)
         agree, acc = [], []
-        for i, (p, c) in enumerate(zip(enc, conts)):
-            if not c:
-                continue
-            st = teacher_forced_stats(target, draft, p, c, temperature)
-            agree += st["agree"]
-            acc += st["acc_t"]
-            if progress:
-                print(f"\r{name}: {i + 1}/{len(enc)} agreement so far {sum(agree) / len(agree):.3f}", end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr)
+        with progress_bar(progress) as bar:
+            task = bar.add_task(name, total=len(enc), info="")
+            for p, c in zip(enc, conts):
+                bar.advance(task)
+                if not c:
+                    continue
+                st = teacher_forced_stats(target, draft, p, c, temperature)
+                agree += st["agree"]
+                acc += st["acc_t"]
+                bar.update(task, info=f"agreement so far {sum(agree) / len(agree):.3f}")
         result["sets"][name] = {"prompts": len(enc), "positions": len(agree), "top1_agreement": round(sum(agree) / len(agree), 4),
                                 "chain_acceptance_t0": round(sum(agree) / len(agree), 4),
                                 f"chain_acceptance_t{temperature:g}": round(sum(acc) / len(acc), 4)}
