@@ -1,10 +1,16 @@
-"""Shared fixtures: tiny randomly initialised Llama pairs (seconds on CPU) and the embedded model."""
+"""Shared fixtures: tiny randomly initialised Llama pairs (seconds on CPU), the embedded model, and
+`TableDrafter`, the one test double for a drafter whose distributions come from a table."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 import pytest
 import torch
+
+from arborspec.engine.contracts import DraftContext, Drafter
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
 
 # Tiny test models gain nothing from threads, and parallel threads fight over 2 cores.
 torch.set_num_threads(1)
@@ -22,6 +28,51 @@ def tiny_llama(seed: int, vocab: int = 96, hidden: int = 48, layers: int = 2, in
     )
     model = LlamaForCausalLM(cfg).eval()
     return model
+
+
+class TableDrafter(Drafter):
+    """A drafter whose next-token distribution after each token path is `table(path)` (`[V]` probabilities).
+
+    Counts draft forwards (`expand` calls) and the rows they asked for.
+    """
+
+    def __init__(self, table: Callable[[tuple[int, ...]], torch.Tensor], vocab_size: int) -> None:
+        self.table, self.vocab_size = table, vocab_size
+        self.forwards, self.rows = 0, 0
+
+    def dist(self, path: tuple[int, ...]) -> torch.Tensor:  # [V]
+        return self.table(tuple(path))
+
+    def begin(self, committed: list[int]) -> torch.Tensor:
+        return self.dist(()).log()
+
+    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
+        self.forwards += 1
+        self.rows += len(nodes)
+        return torch.stack([self.dist(tuple(tree.path_tokens(n))).log() for n in nodes])
+
+
+def random_table(vocab: int, seed: int, power: float = 3.0, zero_share: float = 0.0,
+                 bump: float = 0.0) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """A fixed pseudo-random distribution per token path: `rand ** power`, a `zero_share` of exact
+    zeros, and `bump` added to one random token (so no distribution is all zeros)."""
+
+    def table(path: tuple[int, ...]) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(hash((seed, *path)) & (2**62 - 1))
+        w = torch.rand(vocab, generator=gen) ** power
+        if zero_share:
+            w[torch.rand(vocab, generator=gen) < zero_share] = 0.0
+        if bump:
+            w[int(torch.randint(vocab, (1,), generator=gen))] += bump
+        return w / w.sum()
+
+    return table
+
+
+def table_ctx(drafter: Drafter, seed: int = 0, temperature: float = 1.0) -> DraftContext:
+    """The draft side of one step rooted after token 0, with a seeded generator."""
+    return DraftContext(drafter, SamplingConfig(temperature=temperature), torch.Generator().manual_seed(seed),
+                        drafter.begin([0]))
 
 
 def perturbed_copy(model, seed: int, noise: float):

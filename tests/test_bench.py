@@ -10,7 +10,8 @@ import pytest
 from arborspec.bench.run import BenchConfig, RunKey, expand_methods, parse_method_spec, run_bench
 from arborspec.errors import ArborError
 from arborspec.bench.metrics import summarize, speedup_vs_baseline
-from arborspec.bench.prompts import encode_conversation, load_prompts, second_turn
+from arborspec.bench.prompts import conversation, load_prompts
+from arborspec.common.chat import encode_messages
 from arborspec.bench.report import PLOTS, read_results, write_report
 
 from conftest import perturbed_copy, tiny_llama
@@ -109,7 +110,7 @@ def test_builtin_prompt_sets_from_installed_packages():
 
 def test_second_turn_includes_the_first_answer():
     p = load_prompts("mt-bench", 1)[0]
-    msgs = second_turn(p, "MY ANSWER")
+    msgs = conversation(p, ["MY ANSWER"])
     assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
     assert msgs[1]["content"] == "MY ANSWER" and msgs[2]["content"] == p.turns[1]
 
@@ -277,12 +278,14 @@ def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path,
 
 
 def test_bench_command_options_fail_before_loading(tiny_dirs, tmp_path):
-    from arborspec.bench.run import bench_command
+    from typer.testing import CliRunner
 
-    with pytest.raises(ArborError, match="comma-separated"):
-        bench_command(["dyspec:budget=4"], temperatures="0,hot", out=tmp_path / "x")
-    with pytest.raises(ArborError, match="top_p"):
-        bench_command(["dyspec:budget=4"], temperatures="0,0.6", top_p=0.0, out=tmp_path / "x")
+    from arborspec.cli import app
+
+    for args, needle in [(["--temperatures", "0,hot"], "comma-separated"), (["--temperatures", "0,0.6", "--top-p", "0"], "top_p")]:
+        result = CliRunner().invoke(app, ["bench", "-m", "dyspec:budget=4", "--out", str(tmp_path / "x"), *args])
+        assert result.exit_code == 2 and needle in result.output, result.output
+    assert not (tmp_path / "x").exists()
     with pytest.raises(ArborError, match="exceeds"):
         run_bench(_cfg(tiny_dirs, tmp_path / "long", max_new_tokens=600), quiet=True)
 
@@ -297,5 +300,5 @@ def test_unwritable_output_dir_fails_before_loading(tiny_dirs, tmp_path):
 def test_encode_conversation_without_chat_template(tiny_dirs):
     tok = _char_tokenizer()
     p = load_prompts(str(tiny_dirs / "prompts.jsonl"))[0]
-    ids = encode_conversation(tok, second_turn(p, "ok"))
+    ids = encode_messages(tok, conversation(p, ["ok"]))
     assert tok.decode(ids, skip_special_tokens=True).endswith("And again?")

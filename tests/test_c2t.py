@@ -7,33 +7,24 @@ import math
 import pytest
 import torch
 
-import arborspec.builders.c2t as c2t_builder
+import arborspec.builders.c2t_classifier as c2t_classifier
+from arborspec.builders.base import top_children
+from arborspec.builders.c2t_classifier import c2t_features, load_classifier, top_entropy
 from arborspec.engine.adapter import ModelAdapter
-from arborspec.builders.base import DraftContext
-from arborspec.offline.c2t import (
-    C2TConfig, C2TDataset, label_tree, load_classifier, propose, top_entropy, train, train_c2t_models,
-)
+from arborspec.offline.c2t import C2TConfig, C2TDataset, label_tree, train, train_c2t_models
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.drafters import Drafter, ModelDrafter
+from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
 from arborspec.builders.registry import make_builder
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 
-from conftest import perturbed_copy, tiny_llama
+from conftest import TableDrafter, perturbed_copy, table_ctx, tiny_llama
 
 
-class TableDrafter(Drafter):
-    """Fixed draft distributions: the root's is `root`, every other node's is `rest`."""
-
-    def __init__(self, root: list[float], rest: list[float]) -> None:
-        self.root, self.rest, self.vocab_size = torch.tensor(root), torch.tensor(rest), len(root)
-
-    def begin(self, committed):
-        return self.root.log()
-
-    def expand(self, tree, nodes):
-        return self.rest.log().expand(len(nodes), -1)
+def fixed_drafter(root: list[float], rest: list[float]) -> TableDrafter:
+    """The root's draft distribution is `root`, every other node's is `rest`."""
+    return TableDrafter(lambda path: torch.tensor(rest if path else root), len(root))
 
 
 def entropy(p: list[float]) -> float:
@@ -42,20 +33,21 @@ def entropy(p: list[float]) -> float:
 
 def test_features_on_a_hand_case():
     root, rest = [0.5, 0.3, 0.2, 0.0], [0.15, 0.1, 0.7, 0.05]
-    ctx = DraftContext(TableDrafter(root, rest), SamplingConfig(1.0), torch.Generator().manual_seed(0),
-                       torch.tensor(root).log())
+    ctx = table_ctx(fixed_drafter(root, rest))
     tree = TokenTree.from_root(3)
-    cands = propose(ctx, tree, [0], 8)
+    cands = top_children(ctx, tree, [0], 8)
+    features = c2t_features(cands)
     assert cands.tokens == [0, 1, 2]  # zero-probability token 3 is never proposed
-    torch.testing.assert_close(cands.features[:, 0], torch.tensor([0.5, 0.3, 0.2]))
-    torch.testing.assert_close(cands.features[:, 1], torch.full((3,), entropy(root)))
-    assert cands.features[:, 2].tolist() == [1.0, 1.0, 1.0]
+    torch.testing.assert_close(features[:, 0], torch.tensor([0.5, 0.3, 0.2]))
+    torch.testing.assert_close(features[:, 1], torch.full((3,), entropy(root)))
+    assert features[:, 2].tolist() == [1.0, 1.0, 1.0]
     child = tree.add(0, 1, value=0.3)
-    cands = propose(ctx, tree, [child], 2)
+    cands = top_children(ctx, tree, [child], 2)
+    features = c2t_features(cands)
     assert cands.tokens == [2, 0] and cands.parents == [child, child]
-    torch.testing.assert_close(cands.features[:, 0], torch.tensor([0.3 * 0.7, 0.3 * 0.15]))
-    torch.testing.assert_close(cands.features[:, 1], torch.full((2,), entropy(rest)))
-    assert cands.features[:, 2].tolist() == [2.0, 2.0]
+    torch.testing.assert_close(features[:, 0], torch.tensor([0.3 * 0.7, 0.3 * 0.15]))
+    torch.testing.assert_close(features[:, 1], torch.full((2,), entropy(rest)))
+    assert features[:, 2].tolist() == [2.0, 2.0]
 
 
 def test_entropy_counts_only_the_top_1000():
@@ -139,13 +131,12 @@ def test_load_validation_errors(tiny_classifier, tmp_path):
 
 
 def test_builder_errors(monkeypatch, tmp_path, tiny_classifier):
-    monkeypatch.setattr(c2t_builder, "DEFAULT_CLASSIFIER", tmp_path / "absent.safetensors")
+    monkeypatch.setattr(c2t_classifier, "DEFAULT_CLASSIFIER", tmp_path / "absent.safetensors")
     with pytest.raises(ArborError, match="train-c2t"):
         make_builder("c2t")
     _, _, path = tiny_classifier
     builder = make_builder("c2t", classifier=str(path))
-    root = torch.zeros(50)
-    ctx = DraftContext(TableDrafter([0.02] * 50, [0.02] * 50), SamplingConfig(1.0), torch.Generator(), root)
+    ctx = table_ctx(fixed_drafter([0.02] * 50, [0.02] * 50))
     with pytest.raises(ArborError, match="vocabulary of 96"):
         builder.build(ctx, 0)
 
@@ -159,7 +150,7 @@ def greedy_identity(target, draft, builder, n_prompts: int = 2) -> float:
         spec = dec.generate(prompt, cfg)
         plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
         assert spec.output_ids == plain.output_ids
-        assert all(s.tree_size <= builder.budget and s.tree_depth <= builder.depth for s in spec.steps)
+        assert all(s.tree_size <= builder.budget and s.tree_depth <= builder.max_depth for s in spec.steps)
         steps, tokens = steps + len(spec.steps), tokens + spec.new_tokens
     return tokens / steps
 

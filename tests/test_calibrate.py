@@ -113,4 +113,7 @@ def test_greedy_acceptance_is_argmax_match():
     for _ in range(20):
         k = accepted_child_index(logits, draft, 4, SamplingConfig(0.0), gen)
         assert k is not None  # all 4 tokens are children, so the argmax is among them
-    assert accepted_child_index(logits, draft, 1, SamplingConfig(0.0), torch.Generator().manual_seed(3)) in (None, 0)
+    # one child, forced by a one-hot draft: accepted exactly when it is the argmax (token 1)
+    for token, expected in ((1, 0), (2, None), (0, None)):
+        only = torch.nn.functional.one_hot(torch.tensor(token), 4).float()
+        assert accepted_child_index(logits, only, 1, SamplingConfig(0.0), gen) == expected

@@ -4,45 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
+from conftest import TableDrafter, assert_greedy_identical, perturbed_copy, random_table, table_ctx, tiny_llama
 
-from arborspec.engine.adapter import ModelAdapter
-from arborspec.builders.base import DraftContext
 from arborspec.builders.dyspec import DySpecBuilder, DySpecThresholdBuilder
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import Drafter, ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.contracts import DraftContext
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.engine.verifiers import VERIFIERS
 
-DRAFT_SIDE = SamplingConfig(temperature=1.0)
 
-
-class TableDrafter(Drafter):
-    """A fixed, pseudo-random draft distribution per token path over a tiny vocabulary (some exact zeros)."""
-
-    def __init__(self, vocab: int = 5, seed: int = 0, power: float = 3.0) -> None:
-        self.vocab_size, self.seed, self.power = vocab, seed, power
-        self.forwards, self.rows = 0, 0
-
-    def dist(self, path: tuple[int, ...]) -> torch.Tensor:  # [V]
-        gen = torch.Generator().manual_seed(hash((self.seed, *path)) & (2**62 - 1))
-        w = torch.rand(self.vocab_size, generator=gen) ** self.power
-        w[torch.rand(self.vocab_size, generator=gen) < 0.2] = 0.0
-        w[int(torch.randint(self.vocab_size, (1,), generator=gen))] += 0.05
-        return w / w.sum()
-
-    def begin(self, committed: list[int]) -> torch.Tensor:
-        return self.dist(()).log()
-
-    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
-        self.forwards += 1
-        self.rows += len(nodes)
-        return torch.stack([self.dist(tuple(tree.path_tokens(n))).log() for n in nodes])
-
-
-def make_ctx(drafter: Drafter, seed: int) -> DraftContext:
-    return DraftContext(drafter, DRAFT_SIDE, torch.Generator().manual_seed(seed), drafter.begin([0]))
+def dyspec_drafter(vocab: int = 5, seed: int = 0, power: float = 3.0) -> TableDrafter:
+    """Pseudo-random draft distributions over a tiny vocabulary, with some exact zeros."""
+    return TableDrafter(random_table(vocab, seed, power, zero_share=0.2, bump=0.05), vocab)
 
 
 # ---------------------------------------------------------------- brute force (independent of the builder)
@@ -114,7 +90,7 @@ def canonical(tree: TokenTree) -> dict:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("m", [3, 5, 6])
 def test_greedy_matches_brute_force(seed, m):
-    ctx = make_ctx(TableDrafter(5, seed), seed)
+    ctx = table_ctx(dyspec_drafter(5, seed), seed)
     tree = DySpecBuilder(budget=m).build(ctx, 0)
     assert tree.size == m
     tree.validate()
@@ -128,14 +104,14 @@ def test_greedy_matches_brute_force(seed, m):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_greedy_respects_max_depth(seed):
-    ctx = make_ctx(TableDrafter(5, seed), seed)
+    ctx = table_ctx(dyspec_drafter(5, seed), seed)
     tree = DySpecBuilder(budget=5, max_depth=2).build(ctx, 0)
     assert tree.depth <= 2
     assert sum(tree_slot_values(tree)) == pytest.approx(best_slot_sum(ctx, 5, max_depth=2), rel=1e-9)
 
 
 def test_slot_values_never_increase_in_pop_order():
-    ctx = make_ctx(TableDrafter(6, 3), 3)
+    ctx = table_ctx(dyspec_drafter(6, 3), 3)
     tree = DySpecBuilder(budget=20).build(ctx, 0)
     popped = [tree_slot_values_by_node(tree)[i] for i in range(1, tree.num_nodes)]  # node index = pop order
     assert all(a >= b - 1e-12 for a, b in zip(popped, popped[1:]))
@@ -158,21 +134,21 @@ def test_threshold_equals_greedy_at_mth_slot_value(seed, m):
     # a tie at the boundary (e.g. the last token left in a distribution: its slot and its first
     # child's slot are worth the same) makes "the m best slots" ambiguous: step down to an untied m
     while True:
-        greedy = DySpecBuilder(budget=m).build(make_ctx(TableDrafter(6, seed), seed), 0)
+        greedy = DySpecBuilder(budget=m).build(table_ctx(dyspec_drafter(6, seed), seed), 0)
         t = min(tree_slot_values(greedy))
-        if frontier_best(greedy, make_ctx(TableDrafter(6, seed), seed)) < t * (1 - 1e-6):
+        if frontier_best(greedy, table_ctx(dyspec_drafter(6, seed), seed)) < t * (1 - 1e-6):
             break
         m -= 1
     assert m >= 2
-    drafter = TableDrafter(6, seed)
-    thresh = DySpecThresholdBuilder(threshold=t * (1 - 1e-9), budget=10_000).build(make_ctx(drafter, seed), 0)
+    drafter = dyspec_drafter(6, seed)
+    thresh = DySpecThresholdBuilder(threshold=t * (1 - 1e-9), budget=10_000).build(table_ctx(drafter, seed), 0)
     assert canonical(thresh) == canonical(greedy)
     assert drafter.forwards <= thresh.depth  # one draft forward per layer
 
 
 def test_threshold_cap_keeps_best_slots_and_a_valid_tree():
     for seed in range(5):
-        tree = DySpecThresholdBuilder(threshold=0.01, budget=7).build(make_ctx(TableDrafter(6, seed), seed), 0)
+        tree = DySpecThresholdBuilder(threshold=0.01, budget=7).build(table_ctx(dyspec_drafter(6, seed), seed), 0)
         tree.validate()
         assert tree.size <= 7
         assert all(v >= 0.01 for v in tree_slot_values(tree))
@@ -180,9 +156,9 @@ def test_threshold_cap_keeps_best_slots_and_a_valid_tree():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_batched_forwards_do_not_change_the_tree(seed):
-    lazy, batched = TableDrafter(6, seed), TableDrafter(6, seed)
-    a = DySpecBuilder(budget=24, prefetch=False).build(make_ctx(lazy, seed), 0)
-    b = DySpecBuilder(budget=24, prefetch=True).build(make_ctx(batched, seed), 0)
+    lazy, batched = dyspec_drafter(6, seed), dyspec_drafter(6, seed)
+    a = DySpecBuilder(budget=24, prefetch=False).build(table_ctx(lazy, seed), 0)
+    b = DySpecBuilder(budget=24, prefetch=True).build(table_ctx(batched, seed), 0)
     assert canonical(a) == canonical(b)
     expanded = sum(1 for i in range(1, a.num_nodes) if a.children[i])
     assert lazy.forwards == lazy.rows == expanded  # lazy: one forward per expanded node, nothing wasted
@@ -193,8 +169,8 @@ def test_prefetch_saves_forwards_overall():
     lazy = batched = 0
     for seed in range(8):
         for flag in (False, True):
-            d = TableDrafter(6, seed)
-            DySpecBuilder(budget=24, prefetch=flag).build(make_ctx(d, seed), 0)
+            d = dyspec_drafter(6, seed)
+            DySpecBuilder(budget=24, prefetch=flag).build(table_ctx(d, seed), 0)
             batched, lazy = (batched + d.forwards, lazy) if flag else (batched, lazy + d.forwards)
     assert batched < lazy
 
@@ -205,7 +181,7 @@ def first_token_tv(builder, drafter, target: torch.Tensor, verifier: str, trials
     cfg = SamplingConfig(temperature=1.0)
     counts = torch.zeros_like(target)
     for seed in range(trials):
-        tree = builder.build(make_ctx(drafter, seed), 0)
+        tree = builder.build(table_ctx(drafter, seed), 0)
         if mutate is not None:
             mutate(tree)
         logits = target.log().expand(tree.num_nodes, -1)  # [N, V]; only the root row matters here
@@ -220,7 +196,7 @@ TARGET6 = torch.tensor([0.05, 0.30, 0.05, 0.25, 0.15, 0.20])
 @pytest.mark.parametrize("builder", [DySpecBuilder(budget=6), DySpecThresholdBuilder(threshold=0.12, budget=8)],
                          ids=["greedy", "threshold"])
 def test_rejection_verifier_is_lossless_on_dyspec_trees(builder):
-    assert first_token_tv(builder, TableDrafter(6, 2, power=6), TARGET6, "rejection", 2500) < 0.045  # noise alone: ~0.02
+    assert first_token_tv(builder, dyspec_drafter(6, 2, power=6), TARGET6, "rejection", 2500) < 0.045  # noise alone: ~0.02
 
 
 def untempered(tree: TokenTree) -> None:
@@ -232,7 +208,7 @@ def untempered(tree: TokenTree) -> None:
 @pytest.mark.parametrize("verifier,mutate", [("rejection-wr", None), ("rejection", untempered)],
                          ids=["with-replacement-verifier", "untempered-child-dists"])
 def test_distribution_check_catches_a_wrong_pairing(verifier, mutate):
-    tv = first_token_tv(DySpecBuilder(budget=6), TableDrafter(6, 2, power=6), TARGET6, verifier, 1200, mutate)
+    tv = first_token_tv(DySpecBuilder(budget=6), dyspec_drafter(6, 2, power=6), TARGET6, verifier, 1200, mutate)
     assert tv > 0.05  # sampling noise alone: ~0.025 at 1200 trials; these give ~0.08 and ~0.15
 
 

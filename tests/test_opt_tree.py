@@ -4,49 +4,36 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
+from conftest import TableDrafter, assert_greedy_identical, perturbed_copy, random_table, table_ctx, tiny_llama
 
 from arborspec.engine.adapter import ModelAdapter
-from arborspec.builders.base import DraftContext
 from arborspec.builders.eagle2 import Eagle2Builder
 from arborspec.builders.opt_tree import OptTreeBuilder, top_subtree
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
-from arborspec.drafters import Drafter, ModelDrafter
+from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.engine.verifiers import VERIFIERS
 
 
-class TableDrafter(Drafter):
-    """A fixed pseudo-random draft distribution per token path; `ties` quantises it so equal
-    probabilities (and probability-1 tokens, whose children tie with their parent) are common."""
+def tied_table(vocab: int, seed: int):
+    """Quantised pseudo-random distributions: equal probabilities are common, and so are probability-1
+    tokens (whose children tie with their parent)."""
 
-    def __init__(self, vocab: int = 6, seed: int = 0, ties: bool = False) -> None:
-        self.vocab_size, self.seed, self.ties = vocab, seed, ties
-        self.forwards = 0
-
-    def dist(self, path: tuple[int, ...]) -> torch.Tensor:  # [V]
-        gen = torch.Generator().manual_seed(hash((self.seed, *path)) & (2**62 - 1))
-        if self.ties:
-            w = torch.randint(0, 3, (self.vocab_size,), generator=gen).float()
-            if float(torch.rand((), generator=gen)) < 0.3:
-                w = torch.zeros(self.vocab_size)  # a certain token: child p_hat == parent p_hat
-            w[int(torch.randint(self.vocab_size, (1,), generator=gen))] += 1.0
-        else:
-            w = torch.rand(self.vocab_size, generator=gen) ** 3
+    def table(path: tuple[int, ...]) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(hash((seed, *path)) & (2**62 - 1))
+        w = torch.randint(0, 3, (vocab,), generator=gen).float()
+        if float(torch.rand((), generator=gen)) < 0.3:
+            w = torch.zeros(vocab)  # a certain token: child p_hat == parent p_hat
+        w[int(torch.randint(vocab, (1,), generator=gen))] += 1.0
         return w / w.sum()
 
-    def begin(self, committed: list[int]) -> torch.Tensor:
-        return self.dist(()).log()
-
-    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
-        self.forwards += 1
-        return torch.stack([self.dist(tuple(tree.path_tokens(n))).log() for n in nodes])
+    return table
 
 
-def make_ctx(drafter: Drafter, seed: int = 0) -> DraftContext:
-    return DraftContext(drafter, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(seed), drafter.begin([0]))
+def drafter_of(vocab: int = 6, seed: int = 0, ties: bool = False) -> TableDrafter:
+    return TableDrafter((tied_table if ties else random_table)(vocab, seed), vocab)
 
 
 def path_prob(drafter: TableDrafter, tokens: list[int]) -> float:
@@ -64,7 +51,7 @@ def assert_valid(tree: TokenTree) -> None:
 
 BUILDERS = {
     "opt-tree": lambda n: OptTreeBuilder(budget=n, delta=0.0, max_depth=6),
-    "eagle2": lambda n: Eagle2Builder(budget=n, topk=3, depth=5),
+    "eagle2": lambda n: Eagle2Builder(budget=n, topk=3, max_depth=5),
 }
 
 
@@ -72,9 +59,9 @@ BUILDERS = {
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_final_tree_is_a_valid_subtree_with_path_probabilities(name, ties):
     for seed in range(12):
-        drafter = TableDrafter(5, seed, ties)
+        drafter = drafter_of(5, seed, ties)
         n = 3 + seed
-        tree = BUILDERS[name](n).build(make_ctx(drafter), 0)
+        tree = BUILDERS[name](n).build(table_ctx(drafter), 0)
         assert_valid(tree)
         assert tree.size == n
         for i in range(1, tree.num_nodes):
@@ -84,17 +71,17 @@ def test_final_tree_is_a_valid_subtree_with_path_probabilities(name, ties):
 
 def test_eagle2_keeps_the_top_n_of_everything_it_proposed():
     for seed in range(8):
-        drafter = TableDrafter(6, seed)
-        everything = Eagle2Builder(budget=10_000, topk=3, depth=4).build(make_ctx(drafter), 0)
-        kept = Eagle2Builder(budget=7, topk=3, depth=4).build(make_ctx(drafter), 0)
+        drafter = drafter_of(6, seed)
+        everything = Eagle2Builder(budget=10_000, topk=3, max_depth=4).build(table_ctx(drafter), 0)
+        kept = Eagle2Builder(budget=7, topk=3, max_depth=4).build(table_ctx(drafter), 0)
         assert everything.size == 3 + 3 * 3 * 3  # root's 3 + 3 expanded nodes x 3 children per later layer
         best = sorted(everything.values[1:], reverse=True)[:7]
         assert sorted(kept.values[1:], reverse=True) == pytest.approx(best)
 
 
 def test_eagle2_expands_the_top_k_of_each_layer():
-    drafter = TableDrafter(6, 3)
-    tree = Eagle2Builder(budget=10_000, topk=2, depth=3).build(make_ctx(drafter), 0)
+    drafter = drafter_of(6, 3)
+    tree = Eagle2Builder(budget=10_000, topk=2, max_depth=3).build(table_ctx(drafter), 0)
     for depth in (1, 2):
         layer = [i for i in range(1, tree.num_nodes) if tree.depths[i] == depth]
         expanded = {i for i in layer if tree.children[i]}
@@ -105,27 +92,32 @@ def test_eagle2_expands_the_top_k_of_each_layer():
 def test_opt_tree_history_is_non_decreasing_and_matches_the_tree():
     for seed in range(10):
         builder = OptTreeBuilder(budget=6 + seed, delta=0.0, max_depth=8)
-        tree = builder.build(make_ctx(TableDrafter(6, seed)), 0)
-        history = builder.last_history
+        result = builder.grow(table_ctx(drafter_of(6, seed)), 0)
+        history = result.history
         assert history[0] == 1.0 and len(history) >= 2
         assert all(b >= a for a, b in zip(history, history[1:]))
-        assert history[-1] == pytest.approx(tree.estimated_accept_length())  # final tree = top n of the work tree
+        assert history[-1] == pytest.approx(result.tree.estimated_accept_length())  # final tree = top n of the work tree
+        assert builder.grow(table_ctx(drafter_of(6, seed)), 0).history == history  # nothing kept between calls
 
 
 def test_opt_tree_stops_when_gain_is_below_delta():
-    builder = OptTreeBuilder(budget=8, delta=0.05, max_depth=20)
-    tree = builder.build(make_ctx(TableDrafter(6, 1)), 0)
-    gains = [b - a for a, b in zip(builder.last_history, builder.last_history[1:])]
-    assert all(g >= 0.05 for g in gains[:-1])
-    assert gains[-1] < 0.05 or len(gains) == 20 or tree.depth < len(gains)
-    assert builder.max_depth >= tree.depth
+    result = OptTreeBuilder(budget=8, delta=0.05, max_depth=20).grow(table_ctx(drafter_of(6, 1)), 0)
+    gains = [b - a for a, b in zip(result.history, result.history[1:])]
+    assert len(gains) < 20  # it stopped early ...
+    assert all(g >= 0.05 for g in gains[:-1]) and gains[-1] < 0.05  # ... at the first layer that gained too little
+    assert result.tree.depth <= len(gains)
+
+
+def test_opt_tree_without_delta_grows_to_max_depth():
+    result = OptTreeBuilder(budget=8, delta=0.0, max_depth=3).grow(table_ctx(drafter_of(6, 1)), 0)
+    assert len(result.history) == 1 + 3
 
 
 def test_opt_tree_layer_is_top_n_children():
     """Every kept node is among the n best children of its layer (checked against brute force)."""
-    drafter = TableDrafter(5, 4)
+    drafter = drafter_of(5, 4)
     n = 4
-    tree = OptTreeBuilder(budget=n, delta=0.0, max_depth=3).build(make_ctx(drafter), 0)
+    tree = OptTreeBuilder(budget=n, delta=0.0, max_depth=3).build(table_ctx(drafter), 0)
     # brute force: layers by exhaustive expansion of the chosen previous layer
     layer, chosen = [()], set()
     for _ in range(3):
@@ -158,7 +150,7 @@ def first_token_tv(builder, drafter, target: torch.Tensor, verifier: str, trials
     cfg = SamplingConfig(temperature=1.0)
     counts = torch.zeros_like(target)
     for seed in range(trials):
-        tree = builder.build(make_ctx(drafter, seed), 0)
+        tree = builder.build(table_ctx(drafter, seed), 0)
         if verifier == "rejection":  # the wrong pairing: pretend the selected children were sampled
             tree.child_dists = {i: drafter.dist(tuple(tree.path_tokens(i))) for i in range(tree.num_nodes)}
         logits = target.log().expand(tree.num_nodes, -1)  # [N, V]; only the root row matters here
@@ -172,8 +164,8 @@ TARGET6 = torch.tensor([0.05, 0.30, 0.05, 0.25, 0.15, 0.20])
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_sample_match_is_lossless_and_rejection_is_not(name):
-    drafter = TableDrafter(6, 2)
-    builder = OptTreeBuilder(budget=4, delta=0.0, max_depth=2) if name == "opt-tree" else Eagle2Builder(4, 3, 2)
+    drafter = drafter_of(6, 2)
+    builder = OptTreeBuilder(budget=4, delta=0.0, max_depth=2) if name == "opt-tree" else Eagle2Builder(budget=4, topk=3, max_depth=2)
     assert first_token_tv(builder, drafter, TARGET6, "sample-match", 3000) < 0.04  # noise alone: ~0.017
     assert first_token_tv(builder, drafter, TARGET6, "rejection", 1500) > 0.06
 

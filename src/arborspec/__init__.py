@@ -1,16 +1,21 @@
-"""arborspec: lossless tree-based speculative decoding on unmodified Hugging Face models."""
+"""arborspec: lossless tree-based speculative decoding on unmodified Hugging Face models.
+
+The layers, bottom up (ARCHITECTURE.md): `common` and `errors`, `engine` (the step
+loop), `drafters` and `builders`, `models` (loading a pair), `offline` and `bench`,
+then this API and the CLI.
+"""
 
 from .api import ModelPair, SpeculativeGenerator, load_pair
+from .builders import builder_names, make_builder
+from .common.provenance import __version__
 from .engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from .errors import ArborError
-from .builders.registry import builder_names, make_builder
 from .engine.sampling import SamplingConfig
 from .engine.stats import GenerationResult, StepStats
 from .engine.tree import TokenTree
+from .errors import ArborError
 
-__version__ = "0.1.0"
 __all__ = [
     "ArborError", "DecodeConfig", "GenerationResult", "ModelPair", "SamplingConfig", "SpeculativeDecoder",
-    "SpeculativeGenerator", "StepStats", "TokenTree", "autoregressive_generate", "builder_names", "load_pair",
-    "make_builder",
+    "SpeculativeGenerator", "StepStats", "TokenTree", "__version__", "autoregressive_generate", "builder_names",
+    "load_pair", "make_builder",
 ]

@@ -93,14 +93,14 @@ def generate(
 ) -> None:
     """Generate a continuation with speculative decoding, streaming the text and printing statistics."""
     from .api import SpeculativeGenerator
-    from .builders.registry import parse_params
+    from .builders import parse_params
     from .engine.sampling import SamplingConfig
 
     SamplingConfig(temperature, top_k, top_p)  # validate before loading models
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
-    params = parse_params(param)
-    gen = SpeculativeGenerator(target, draft, method, device, dtype, verifier, budget, reorder_dfs, **params)
+    gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
+                               budget=budget, reorder_dfs=reorder_dfs, **parse_params(param))
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
     err.print(f"[dim]target {gen.pair.target_name} | draft {gen.pair.draft_name} | {gen.builder.describe()}[/]")
@@ -110,9 +110,8 @@ def generate(
     if compare_ar:
         base = gen.generate_autoregressive(prompt, **sampling)
         same = "identical tokens" if base.output_ids == result.output_ids else "different tokens (sampling)"
-        speedup = (base.wall_time / base.new_tokens) / (result.wall_time / result.new_tokens)
         err.print(f"autoregressive: {base.new_tokens} tokens, {base.tokens_per_second:.1f} tok/s; "
-                  f"speedup {speedup:.2f}x ({same})", highlight=False)
+                  f"speedup {result.speedup_over(base):.2f}x ({same})", highlight=False)
 
 
 @app.command()
@@ -121,12 +120,14 @@ def methods() -> None:
     """List the registered tree builders, their parameters and their verifier pairing."""
     import dataclasses
 
-    from .builders.registry import builder_class, builder_names
+    from .builders import builder_class, builder_names
 
     for name in builder_names():
         cls = builder_class(name)
         fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls) if f.init)
-        out.print(f"[bold]{name}[/]  ({cls.children_mode.replace('_', ' ')})  {cls.paper}\n    {fields}", highlight=False)
+        aliases = "".join(f", {old} = {new}" for old, new in sorted(cls.aliases.items()))
+        out.print(f"[bold]{name}[/]  ({cls.children_mode.replace('_', ' ')})  {cls.paper}\n    {fields}"
+                  + (f"\n    aliases: {aliases[2:]}" if aliases else ""), highlight=False)
 
 
 @app.command()
@@ -151,10 +152,12 @@ def calibrate(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c."""
-    from .offline.calibrate import CalibrationConfig, calibrate as run_calibration
+    from .offline.calibrate import CalibrationConfig
+    from .offline.calibrate import calibrate as run_calibration
 
-    cfg = CalibrationConfig(temperature, top_k, top_p, children, draws, num_prompts, max_new_tokens,
-                            max_tree_tokens, timing_context, timing_repeats, seed)
+    cfg = CalibrationConfig(temperature=temperature, top_k=top_k, top_p=top_p, children=children, draws=draws,
+                            num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_tree_tokens=max_tree_tokens,
+                            timing_context=timing_context, timing_repeats=timing_repeats, seed=seed)
     cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, device=device, dtype=dtype)
     out_p = ", ".join(f"{x:.3f}" for x in cal.acceptance[:6])
     err.print(f"acceptance p_1.. = [{out_p}, ...]; c = {cal.draft_cost:.3f}; written to {out}", highlight=False)
@@ -203,10 +206,13 @@ def train_c2t(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Train the C2T pruning classifier on large expanded trees labelled by the target."""
-    from .offline.c2t import C2TConfig, train_c2t as run_training
+    from .offline.c2t import C2TConfig
+    from .offline.c2t import train_c2t as run_training
 
-    cfg = C2TConfig(k, depth, num_prompts, max_new_tokens, positions_per_prompt, temperature, top_p, neg_per_pos,
-                    epochs, lr, batch_size, holdout, beta, seed)
+    cfg = C2TConfig(k=k, depth=depth, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                    positions_per_prompt=positions_per_prompt, temperature=temperature, top_p=top_p,
+                    neg_per_pos=neg_per_pos, epochs=epochs, lr=lr, batch_size=batch_size, holdout=holdout, beta=beta,
+                    seed=seed)
     _, metrics = run_training(target, draft, cfg, out=out, prompts_file=prompts, device=device, dtype=dtype)
     shown = {k_: v for k_, v in metrics.items() if isinstance(v, (int, float))}
     err.print("metrics: " + ", ".join(f"{k_}={v:.4g}" for k_, v in shown.items()), highlight=False)
@@ -240,12 +246,15 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
 ) -> None:
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
-    from .bench.run import bench_command
+    from .bench.run import BenchConfig, parse_number_list, run_bench
 
-    path = bench_command(method, temperatures, prompts, num_prompts, max_new_tokens, seeds, repeats, target, draft,
-                         device, dtype, warmup, out_dir, resume, compare_hf_assisted, turns, no_chat, top_k, top_p,
-                         threads)
-    err.print(f"results: {path}", highlight=False)
+    cfg = BenchConfig(target=target, draft=draft, methods=list(method),
+                      temperatures=parse_number_list(temperatures, float, "--temperatures"), prompts=prompts,
+                      num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                      seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
+                      warmup=warmup, out_dir=out_dir, resume=resume, compare_hf_assisted=compare_hf_assisted,
+                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, threads=threads)
+    err.print(f"results: {run_bench(cfg)}", highlight=False)
 
 
 @app.command()
@@ -287,7 +296,8 @@ def distill(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Distil a small draft model from a target (sequence-level KD + top-k soft labels); resumable."""
-    from .offline.distill import DistillConfig, distill as run_distill
+    from .offline.distill import DistillConfig
+    from .offline.distill import distill as run_distill
 
     cfg = DistillConfig(target=target, out_dir=str(out), work_dir=str(work_dir or ""), layers=layers, hidden=hidden,
                         intermediate=intermediate, heads=heads, kv_heads=kv_heads, num_prompts=num_prompts,

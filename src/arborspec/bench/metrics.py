@@ -1,6 +1,6 @@
 """Benchmark figures from results records: pure functions, no models, no files.
 
-Conventions (ALGORITHMS.md §1): *accepted length* counts the tokens committed
+Conventions (docs/algorithms.md §1): *accepted length* counts the tokens committed
 per target forward **including the bonus token**; *tree size* counts draft
 nodes, root excluded. Speedup is a ratio of **totals**:
 
@@ -11,7 +11,7 @@ over the runs both have (same prompt, turn, temperature, seed, repeat) —
 never the mean of per-prompt ratios, which over-weights short answers. The
 per-prompt ratios are reported only as a spread (min / median / max).
 
-A record is one `kind == "run"` line of a results file (see `bench.py`); its
+A record is one `kind == "run"` line of a results file (see `bench/run.py`); its
 `steps` field holds per-step columns (`accepted_length`, `tree_size`, ...).
 """
 

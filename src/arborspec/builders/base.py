@@ -1,120 +1,135 @@
-"""What every tree builder shares: the `TreeBuilder` base class and the `DraftContext` it draws from.
+"""What the builders share: the two ways of growing children, and parameter checks.
 
-A builder turns draft distributions into a `TokenTree` rooted at the last
-committed token. It declares `children_mode`:
+The contracts a builder implements (`TreeBuilder`, drawing through a `DraftContext`)
+live in `engine/contracts.py`, because the decode loop consumes them. Here:
 
-* "without_replacement" — siblings were *sampled* one after another from the
-  renormalised residual of the parent's draft distribution (verifier: `rejection`);
-* "with_replacement" — siblings are i.i.d. draws (verifier: `rejection-wr`);
-* "selected" — nodes were *chosen* by their own probability or a score
-  (verifier: `greedy` at temperature 0, `sample-match` above).
-
-The engine picks the verifier from this declaration and refuses lossy pairings.
+* *sampled* children (chain, Sequoia, DySpec): `DrawSequence` holds a node's keyed
+  draws without replacement and DySpec's value estimate of each draw, computed
+  once, in closed form, for every builder that samples (docs/algorithms.md §3);
+  `draw_children` adds the first k of them;
+* *selected* children (OPT-Tree, EAGLE-2, C2T and the C2T trainer): `top_children`
+  lets every node of a layer propose its top-k children, as `Candidates` the
+  builder then filters and adds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from abc import ABC, abstractmethod
-from typing import ClassVar
+import itertools
+from dataclasses import dataclass
 
 import torch
 
-from ..drafters import Drafter
+from ..engine.contracts import DraftContext
+from ..engine.sampling import sample_without_replacement
+from ..engine.tree import TokenTree
 from ..errors import ArborError
-from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
-from ..engine.tree import ChildrenMode, TokenTree
 
 
-class DraftContext:
-    """The draft side of one step: cached per-node draft probabilities and keyed random noise.
+# ---------------------------------------------------------------------------- sampled children
+@dataclass
+class DrawSequence:
+    """The keyed draws of one node: its children-to-be, in the order they are sampled.
 
-    `probs(tree, nodes)` returns `[K, V]` draft probabilities (after the draft-side
-    sampling transform) at each node, running the drafter only for nodes not
-    seen before in this step. `gumbel(tree, node)` returns Gumbel noise keyed by
-    the node's token path and the step's seed, so that two builders growing the
-    same node see the same random draws (what makes DySpec's greedy and
-    threshold variants comparable).
+    Value estimate (DySpec App. D, eq. 9-10): with `tails[k]` the draft mass not drawn
+    before draw k, the k-th *slot* of node p ("the k-th draw") is verified with
+    estimated probability `value[p] * tails[k]`, and the node it produces is accepted
+    with `value[p] * D[y]` (= slot value * R[y], R the residual `D / tails[k]`).
     """
 
-    def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor):
-        self.drafter, self.cfg, self.generator = drafter, cfg, generator
-        self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-        self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
-        self.vocab_size = root_logits.shape[-1]
+    dist: torch.Tensor  # [V] full draft distribution D(.|node)
+    tokens: list[int]  # the first draws without replacement (only tokens with D > 0)
+    probs: list[float]  # D[token] of each draw
+    tails: list[float]  # tails[k] = mass of D not drawn before draw k (tails[0] = 1)
 
-    def probs(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
-        keys = [tuple(tree.path_tokens(n)) for n in nodes]
-        todo = [n for n, key in zip(nodes, keys) if key not in self._probs]
-        todo = list(dict.fromkeys(todo))
-        if todo:
-            logits = self.drafter.expand(tree, todo)
-            for n, row in zip(todo, probs_from_logits(logits, self.cfg)):
-                self._probs[tuple(tree.path_tokens(n))] = row
-        return torch.stack([self._probs[key] for key in keys])
+    @classmethod
+    def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
+        dist = ctx.probs(tree, [node])[0]
+        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node))
+        probs = [float(dist[y]) for y in tokens]
+        tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
+        return cls(dist, tokens, probs, tails)
 
-    def is_expanded(self, tree: TokenTree, node: int) -> bool:
-        return tuple(tree.path_tokens(node)) in self._probs
+    def __len__(self) -> int:
+        return len(self.tokens)
 
-    def gumbel(self, tree: TokenTree, node: int) -> torch.Tensor:  # [V]
-        key = hash((self.step_seed, tuple(tree.path_tokens(node)))) & ((1 << 63) - 1)
-        gen = torch.Generator().manual_seed(key)
-        return gumbel_like(torch.empty(self.vocab_size), gen)
+    def slot_value(self, parent_value: float, k: int) -> float:
+        """Estimated probability that draw k is verified: parent accepted, draws 0..k-1 rejected."""
+        return parent_value * self.tails[k]
+
+    def child_value(self, parent_value: float, k: int) -> float:
+        """Estimated probability that draw k is accepted: slot value * R[y] = parent value * D[y]
+        (clamped to the slot value, which float32 probabilities can exceed by an ulp when y is the
+        last token left: keeps every slot's value >= its children's, so the heap order is exact)."""
+        return min(parent_value * self.probs[k], self.slot_value(parent_value, k))
+
+
+def add_draw(tree: TokenTree, draws: DrawSequence, parent: int, k: int) -> int:
+    """Add draw k of `parent` (the tree must already hold draws 0..k-1) and record D(.|parent)."""
+    assert len(tree.children[parent]) == k, "draws must be added in order"
+    tree.child_dists[parent] = draws.dist
+    return tree.add(parent, draws.tokens[k], value=draws.child_value(tree.values[parent], k),
+                    draft_prob=draws.probs[k])
 
 
 def draw_children(ctx: DraftContext, tree: TokenTree, node: int, k: int) -> list[int]:
-    """Sample up to k children of `node` without replacement and add them to the tree.
+    """Sample up to k children of `node` without replacement (keyed noise) and add them to the tree.
 
-    Uses the node's keyed Gumbel noise, records the parent's draft distribution
-    in `tree.child_dists` (what the `rejection` verifier replays), and gives each
-    child DySpec's value estimate: `v_slot * R[y]`, where R is the residual
-    (renormalised, earlier siblings removed) and `v_slot` the value of the
-    sampling slot, which starts at the node's value and shrinks by `(1 - R[y])`.
+    Records the parent's draft distribution in `tree.child_dists` (what the `rejection`
+    verifier replays) and gives each child the `DrawSequence` value estimate.
     """
-    probs = ctx.probs(tree, [node])[0]
-    tokens = sample_without_replacement(probs, k, ctx.gumbel(tree, node))
-    if not tokens:
-        return []
-    tree.child_dists[node] = probs
-    added, slot_value, residual_mass = [], tree.values[node], 1.0
-    for y in tokens:
-        r_y = float(probs[y]) / residual_mass
-        added.append(tree.add(node, y, value=slot_value * r_y, draft_prob=float(probs[y])))
-        slot_value *= 1.0 - r_y
-        residual_mass -= float(probs[y])
-        if residual_mass <= 0:
-            break
-    return added
+    draws = DrawSequence.of(ctx, tree, node, k)
+    return [add_draw(tree, draws, node, i) for i in range(len(draws))]
 
 
-class TreeBuilder(ABC):
-    """Base class: subclasses are dataclasses of their parameters, registered by name."""
+# ---------------------------------------------------------------------------- selected children
+@dataclass
+class Candidates:
+    """Children proposed by a layer of frontier nodes, not yet in the tree.
 
-    name: ClassVar[str]
-    children_mode: ClassVar[ChildrenMode]
-    paper: ClassVar[str] = ""
+    Parallel lists, one entry per candidate, each parent's candidates best first;
+    `joint` is the candidate's path probability `p_hat = value[parent] * D[token]`.
+    """
 
-    @abstractmethod
-    def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        """Grow a tree rooted at `root_token` from the draft distributions in `ctx`."""
+    dists: torch.Tensor  # [F, V] draft distributions of the frontier nodes (float32, CPU)
+    rows: list[int]  # frontier row (index into `dists`) of each candidate's parent
+    parents: list[int]
+    tokens: list[int]
+    depths: list[int]
+    draft_probs: list[float]  # D(token | parent path)
+    joint: list[float]
 
-    @property
-    @abstractmethod
-    def max_depth(self) -> int:
-        """Upper bound on the depth of the trees this builder makes (for context-length checks)."""
+    def __len__(self) -> int:
+        return len(self.tokens)
 
-    @classmethod
-    def from_budget(cls, budget: int, **params) -> "TreeBuilder":
-        """The builder at a node budget (tree size); used by benchmark sweeps."""
-        return cls(budget=budget, **params)
-
-    def describe(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr)
-        return f"{self.name}({fields})"
+    def add(self, tree: TokenTree, order: list[int] | None = None, values: list[float] | None = None) -> list[int]:
+        """Add candidates `order` (indices; default all, in proposal order); node value = `values[i]`,
+        default the joint probability. Returns the new node indices."""
+        values = self.joint if values is None else values
+        return [tree.add(self.parents[i], self.tokens[i], value=values[i], draft_prob=self.draft_probs[i])
+                for i in (range(len(self)) if order is None else order)]
 
 
-def require_positive(**values: int | float) -> None:
+def top_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -> Candidates:
+    """Each of `nodes` proposes its k most likely children (one batched draft forward); never a zero-probability token."""
+    dists = ctx.probs(tree, nodes).float().cpu()  # [F, V]
+    top = dists.topk(min(k, dists.shape[-1]), dim=-1)  # values / indices [F, k]
+    cands = Candidates(dists, [], [], [], [], [], [])
+    for row, (node, probs, tokens) in enumerate(zip(nodes, top.values.tolist(), top.indices.tolist())):
+        for prob, token in zip(probs, tokens):
+            if prob <= 0:
+                break
+            cands.rows.append(row)
+            cands.parents.append(node)
+            cands.tokens.append(token)
+            cands.depths.append(tree.depths[node] + 1)
+            cands.draft_probs.append(prob)
+            cands.joint.append(tree.values[node] * prob)
+    return cands
+
+
+# ---------------------------------------------------------------------------- parameters
+def require_positive(**values: int | float | None) -> None:
+    """One-line ArborError unless every given value is >= 1 (None: not given, not checked)."""
     for key, value in values.items():
-        if value is None or value < 1:
+        if value is not None and value < 1:
             raise ArborError(f"{key} must be >= 1, got {value}")
-

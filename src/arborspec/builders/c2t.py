@@ -1,20 +1,21 @@
 """C2T: grow the tree layer by layer, keeping the children a tiny classifier trusts (Huo et al. 2025, "C2T", Sec. 4.2).
 
-Each layer: every frontier node proposes its top-k children (one batched
-draft forward for the layer); each candidate gets the classifier's
+Each layer: every frontier node proposes its `topk` children (alias `k`; one
+batched draft forward for the layer); each candidate gets the classifier's
 confidence from (joint probability, parent entropy over the top-1000
-probabilities, depth) — see `c2t.py`; candidates with confidence >= beta pass
-(first pruning), and at most k of them, the most confident, form the next
-layer (second pruning). Growth stops at `depth` layers, when nothing passes,
-or at `budget` nodes.
+probabilities, depth) — see `c2t_classifier.py`; candidates with confidence
+>= beta pass (first pruning), and at most `topk` of them, the most confident,
+form the next layer (second pruning). Growth stops at `max_depth` layers
+(alias `depth`), when nothing passes, or at `budget` nodes.
 
 The classifier comes from `classifier=PATH`, else the shipped file for the
 embedded pair (`assets/c2t/embedded.safetensors`, made by `arborspec
 train-c2t`). `classifier=none` uses the joint probability itself as the
-confidence (then choose a small beta, e.g. 0.05).
+confidence (then choose a small beta, e.g. 0.05). `beta=None` takes the
+classifier's recommended threshold, else 0.5.
 
 Children are *selected* by score, not sampled: verifier `greedy` at
-temperature 0, `sample-match` above (ALGORITHMS.md §2, pairing rule).
+temperature 0, `sample-match` above (docs/algorithms.md §2, pairing rule).
 """
 
 from __future__ import annotations
@@ -23,70 +24,73 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..offline.c2t import DEFAULT_CLASSIFIER, C2TClassifier, add_candidates, load_classifier, propose
-from ..errors import ArborError
-from .registry import register
+from ..common.vocab import check_vocab_size
+from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
-from .base import DraftContext, TreeBuilder, require_positive
+from ..errors import ArborError
+from . import c2t_classifier
+from .base import require_positive, top_children
+from .c2t_classifier import RETRAIN, C2TClassifier, c2t_features, load_classifier
+from .registry import register
 
 
 @register
-@dataclass
+@dataclass(kw_only=True)
 class C2TBuilder(TreeBuilder):
+    budget: int = 64
+    topk: int = 8  # top-k children per node, and at most k nodes per layer (second pruning)
+    max_depth: int = 8
     classifier: str | None = None  # .safetensors path; None = shipped default; "none" = joint probability
     beta: float | None = None  # confidence threshold (first pruning); None = the classifier's recommended_beta, else 0.5
-    k: int = 8  # top-k children per node, and at most k nodes per layer (second pruning)
-    depth: int = 8
-    budget: int = 64
     name = "c2t"
     children_mode = "selected"
     paper = "Huo et al. 2025, C2T (Sec. 4.2)"
+    aliases = {"k": "topk", "depth": "max_depth"}
     _clf: C2TClassifier | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        require_positive(k=self.k, depth=self.depth, budget=self.budget)
+        require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)
+        self._clf = self._load()
+        if not 0 <= self.threshold <= 1:
+            raise ArborError(f"beta must be in [0, 1], got {self.threshold}")
+
+    def _load(self) -> C2TClassifier | None:
         if isinstance(self.classifier, str) and self.classifier.lower() == "none":
-            self._clf = None
-        elif self.classifier is None:
-            if not DEFAULT_CLASSIFIER.is_file():
-                raise ArborError(
-                    f"no C2T classifier at {DEFAULT_CLASSIFIER}: run `arborspec train-c2t` for the pair, pass "
-                    "classifier=PATH, or classifier=none for the joint-probability rule"
-                )
-            self._clf = load_classifier(DEFAULT_CLASSIFIER)
-        else:
-            self._clf = load_classifier(self.classifier)
-        if self.beta is None:
-            self.beta = float(self._clf.meta.get("recommended_beta", 0.5)) if self._clf is not None else 0.5
-        if not 0 <= self.beta <= 1:
-            raise ArborError(f"beta must be in [0, 1], got {self.beta}")
+            return None
+        if self.classifier is not None:
+            return load_classifier(self.classifier)
+        default = c2t_classifier.DEFAULT_CLASSIFIER
+        if not default.is_file():
+            raise ArborError(f"no C2T classifier at {default}: run `arborspec train-c2t` for the pair, pass "
+                             "classifier=PATH, or classifier=none for the joint-probability rule")
+        return load_classifier(default)
 
     @property
-    def max_depth(self) -> int:
-        return self.depth
+    def threshold(self) -> float:
+        """beta as given, else the classifier's recommended threshold, else 0.5."""
+        if self.beta is not None:
+            return self.beta
+        return float(self._clf.meta.get("recommended_beta", 0.5)) if self._clf is not None else 0.5
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        self._check_vocab(ctx.vocab_size)
+        if self._clf is not None:
+            check_vocab_size(self._clf.meta.get("vocab_size"), ctx.vocab_size, what="the C2T classifier", fix=RETRAIN)
         tree = TokenTree.from_root(root_token, self.children_mode)
         frontier = [0]
-        for _ in range(self.depth):
+        for _ in range(self.max_depth):
             room = self.budget - tree.size
             if not frontier or room <= 0:
                 break
-            cands = propose(ctx, tree, frontier, self.k)
-            conf = self.confidence(cands.features)  # [C]
-            passing = (conf >= self.beta).nonzero().squeeze(-1)
-            order = passing[conf[passing].argsort(descending=True, stable=True)][: min(self.k, room)]
-            frontier = add_candidates(tree, cands, order.tolist())
+            cands = top_children(ctx, tree, frontier, self.topk)
+            features = c2t_features(cands)  # [C, 3]
+            conf = self.confidence(features)  # [C]
+            passing = (conf >= self.threshold).nonzero().squeeze(-1)
+            order = passing[conf[passing].argsort(descending=True, stable=True)][: min(self.topk, room)]
+            # node value = the joint-probability feature (float32), as the classifier saw it
+            frontier = cands.add(tree, order.tolist(), values=features[:, 0].tolist())
         return tree
 
     def confidence(self, features: torch.Tensor) -> torch.Tensor:  # [C, 3] -> [C]
         if self._clf is None:
             return features[:, 0]
         return self._clf.confidence(features)
-
-    def _check_vocab(self, vocab_size: int) -> None:
-        want = self._clf.meta.get("vocab_size") if self._clf is not None else None
-        if want is not None and want != vocab_size:
-            raise ArborError(f"the C2T classifier was trained for a vocabulary of {want} tokens, this pair has "
-                             f"{vocab_size}: train one for this pair with `arborspec train-c2t`")

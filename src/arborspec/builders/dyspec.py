@@ -22,11 +22,15 @@ both variants (and any batching of draft forwards) see the same draws, and
 `tree.child_dists[node]` (the full, un-residualised `D(.|node)`) lets the
 verifier replay the residuals of later siblings.
 
-The slot values telescope (App. D, eq. 9-10): with `tail_k` = draft mass not
-drawn before the k-th draw, the k-th slot of node p has value
-`value[p] * tail_k` and the node it produces has value `value[p] * D[y]`
-(= `v * R[y]` with `R = D / tail_k`). We compute them in that closed form, so
-that both variants produce bit-identical values.
+The slot values telescope (App. D, eq. 9-10): the k-th slot of node p is worth
+`value[p] * tail_k` (`tail_k` = draft mass not drawn before the k-th draw) and
+the node it produces `value[p] * D[y]`. `builders/base.DrawSequence` computes
+them in that closed form, once, for both variants and for every other builder
+that samples (chain, Sequoia), so all of them estimate values the same way
+(docs/algorithms.md §3).
+
+Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
+and `topk` (draws per node; None: as many as the budget allows).
 """
 
 from __future__ import annotations
@@ -35,52 +39,11 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-import torch
-
-from ..errors import ArborError
-from .registry import register
-from ..engine.sampling import sample_without_replacement
+from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
-from .base import DraftContext, TreeBuilder, require_positive
-
-
-@dataclass
-class DrawSequence:
-    """The keyed draws of one node: its children-to-be, in the order they are sampled."""
-
-    dist: torch.Tensor  # [V] full draft distribution D(.|node)
-    tokens: list[int]  # the first draws without replacement (only tokens with D > 0)
-    probs: list[float]  # D[token] of each draw
-    tails: list[float]  # tails[k] = mass of D not drawn before draw k (tails[0] = 1)
-
-    @classmethod
-    def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
-        dist = ctx.probs(tree, [node])[0]
-        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node))
-        probs = [float(dist[y]) for y in tokens]
-        tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
-        return cls(dist, tokens, probs, tails)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def slot_value(self, parent_value: float, k: int) -> float:
-        """Estimated probability that draw k is verified: parent accepted, draws 0..k-1 rejected."""
-        return parent_value * self.tails[k]
-
-    def child_value(self, parent_value: float, k: int) -> float:
-        """Estimated probability that draw k is accepted: slot value * R[y] = parent value * D[y]
-        (clamped to the slot value, which float32 probabilities can exceed by an ulp when y is the
-        last token left: keeps every slot's value >= its children's, so the heap order is exact)."""
-        return min(parent_value * self.probs[k], self.slot_value(parent_value, k))
-
-
-def add_draw(tree: TokenTree, draws: DrawSequence, parent: int, k: int) -> int:
-    """Add draw k of `parent` (the tree must already hold draws 0..k-1) and record D(.|parent)."""
-    assert len(tree.children[parent]) == k, "draws must be added in order"
-    tree.child_dists[parent] = draws.dist
-    return tree.add(parent, draws.tokens[k], value=draws.child_value(tree.values[parent], k),
-                    draft_prob=draws.probs[k])
+from ..errors import ArborError
+from .base import DrawSequence, add_draw, require_positive
+from .registry import register
 
 
 @dataclass(order=True)
@@ -93,21 +56,32 @@ class Slot:
     k: int
 
 
+class _DySpecSize:
+    """The size rules both DySpec builders share."""
+
+    budget: int
+    max_depth: int | None
+    topk: int | None
+
+    def _check_size(self) -> None:
+        require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
+
+    def draws_per_node(self, room: int) -> int:
+        """How many children a node may get when `room` nodes are left."""
+        return min(room, self.topk or room)
+
+
 @register
-@dataclass
-class DySpecBuilder(TreeBuilder):
+@dataclass(kw_only=True)
+class DySpecBuilder(_DySpecSize, TreeBuilder):
     budget: int = 32
-    max_depth: int | None = None  # None = no cap (bounded by the budget)
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
 
     def __post_init__(self) -> None:
-        require_positive(budget=self.budget)
-        if self.max_depth is not None:
-            require_positive(max_depth=self.max_depth)
-        self.max_depth = min(self.max_depth or self.budget, self.budget)
+        self._check_size()
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
@@ -118,13 +92,13 @@ class DySpecBuilder(TreeBuilder):
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
                 self._forward(ctx, tree, heap, slot.parent, draws)
-                draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.budget)
+                draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
             seq = draws[slot.parent]
             node = add_draw(tree, seq, slot.parent, slot.k)
             if slot.k + 1 < len(seq):  # next sibling, unless the residual is empty
                 value = seq.slot_value(tree.values[slot.parent], slot.k + 1)
                 heapq.heappush(heap, Slot(-value, next(counter), slot.parent, slot.k + 1))
-            if tree.depths[node] < self.max_depth:  # first child of the new node
+            if tree.depths[node] < self.depth_limit:  # first child of the new node
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
         return tree
 
@@ -145,34 +119,31 @@ class DySpecBuilder(TreeBuilder):
 
 
 @register
-@dataclass
-class DySpecThresholdBuilder(TreeBuilder):
-    threshold: float = 0.03
+@dataclass(kw_only=True)
+class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
     budget: int = 64  # node cap
-    max_depth: int | None = None  # None = no cap (bounded by the budget)
+    threshold: float = 0.03  # given a budget and no threshold: 1 / budget
     name = "dyspec-threshold"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 2)"
 
     def __post_init__(self) -> None:
-        require_positive(budget=self.budget)
+        self._check_size()
         if not 0 < self.threshold <= 1:
             raise ArborError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.max_depth is not None:
-            require_positive(max_depth=self.max_depth)
-        self.max_depth = min(self.max_depth or self.budget, self.budget)
 
     @classmethod
-    def from_budget(cls, budget: int, **params) -> "DySpecThresholdBuilder":
-        params.setdefault("threshold", 1.0 / budget)
-        return cls(budget=budget, **params)
+    def from_params(cls, **params) -> "DySpecThresholdBuilder":
+        if "budget" in params:
+            params.setdefault("threshold", 1.0 / params["budget"])
+        return cls(**params)
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
         layer = [0]
         while layer and tree.size < self.budget:
             # a node's first-child slot has the node's own value: only those passing get a forward
-            expand = [n for n in layer if tree.values[n] >= self.threshold and tree.depths[n] < self.max_depth]
+            expand = [n for n in layer if tree.values[n] >= self.threshold and tree.depths[n] < self.depth_limit]
             if not expand:
                 break
             ctx.probs(tree, expand)  # one batched draft forward per layer
@@ -184,7 +155,7 @@ class DySpecThresholdBuilder(TreeBuilder):
         exceeded keep the best slots (a node's slot values decrease with k, so each
         node keeps a prefix of its draws)."""
         room = self.budget - tree.size
-        seqs = {n: DrawSequence.of(ctx, tree, n, room) for n in expand}
+        seqs = {n: DrawSequence.of(ctx, tree, n, self.draws_per_node(room)) for n in expand}
         slots = []  # (-slot value, position in layer, k)
         for pos, n in enumerate(expand):
             for k in range(len(seqs[n])):

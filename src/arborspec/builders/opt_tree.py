@@ -6,7 +6,8 @@ expected acceptance length of a tree is then `E(A) = 1 + sum of p_hat`.
 With node budget n and threshold delta:
 
 * layer by layer (one batched draft forward per layer), the n children of the
-  last layer with the largest `p_hat` become the next layer;
+  last layer with the largest `p_hat` become the next layer (each node proposes
+  its `topk` best children first; None: n, which loses nothing);
 * after each layer `E = 1 + sum of the n largest p_hat in the tree so far`;
   growth stops when E gained less than delta (between mu = draft step / target
   step time, and 1) or at `max_depth`;
@@ -17,7 +18,8 @@ in the tree's current top n is not forwarded (the top-n bar only rises and its
 descendants score lower still), so wide layers cost fewer draft rows.
 
 Children are *selected* by their own probability, not sampled: verify with
-`greedy` at temperature 0 and `sample-match` above (the engine enforces it).
+`greedy` at temperature 0 and `sample-match` above (the engine enforces it,
+docs/algorithms.md §2). `grow()` also returns the E(A) history of the layers.
 
 `top_subtree` (shared with EAGLE-2) ranks nodes by `(p_hat desc, depth asc)`:
 `p_hat` never grows along a path (a product of factors <= 1, and IEEE
@@ -27,14 +29,15 @@ descendants and any top-n prefix of the ranking is a valid subtree, ties include
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..errors import ArborError
-from .registry import register
+from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import ChildrenMode, TokenTree
-from .base import DraftContext, TreeBuilder, require_positive
+from ..errors import ArborError
+from .base import require_positive, top_children
+from .registry import register
 
 
 def rank_nodes(tree: TokenTree) -> list[int]:
@@ -52,42 +55,47 @@ def top_subtree(tree: TokenTree, n: int, children_mode: ChildrenMode = "selected
     return out
 
 
-def propose_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -> list[int]:
-    """Add, over all `nodes`, the k children with the largest p_hat (one batched draft forward).
+def best_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], n: int, topk: int) -> list[int]:
+    """Add, over all `nodes`, the n children with the largest p_hat (each node proposing its topk best);
+    one batched draft forward. Returns the new nodes, best first (each parent's children best first too)."""
+    cands = top_children(ctx, tree, nodes, topk)
+    if not cands.joint:
+        return []
+    best = torch.topk(torch.tensor(cands.joint, dtype=torch.float64), min(n, len(cands))).indices.tolist()
+    return cands.add(tree, best)
 
-    Returns the new nodes, best first; each parent's children are added best first too.
-    """
-    probs = ctx.probs(tree, nodes).double().clamp_(max=1.0)  # [L, V]
-    p_hat = torch.tensor([tree.values[n] for n in nodes], dtype=torch.float64)[:, None] * probs  # [L, V]
-    k = min(k, int((p_hat > 0).sum()))
-    top = torch.topk(p_hat.flatten(), k)
-    vocab = probs.shape[1]
-    return [tree.add(nodes[int(flat) // vocab], int(flat) % vocab, value=float(v),
-                     draft_prob=float(probs[int(flat) // vocab, int(flat) % vocab]))
-            for v, flat in zip(top.values, top.indices)]
+
+@dataclass
+class OptTreeResult:
+    """What one call of `OptTreeBuilder.grow` made: the tree, and E(A) after each layer (root alone: 1)."""
+
+    tree: TokenTree
+    history: list[float]
 
 
 @register
-@dataclass
+@dataclass(kw_only=True)
 class OptTreeBuilder(TreeBuilder):
     budget: int = 32  # n: nodes kept, and layer width
-    delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
     max_depth: int = 12
+    delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
     name = "opt-tree"
     children_mode = "selected"
     paper = "Wang et al. 2024, OPT-Tree (Alg. 1, Thm. 3.1-3.2)"
-    last_history: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require_positive(budget=self.budget, max_depth=self.max_depth)
+        require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
         if self.delta < 0:
             raise ArborError(f"delta must be >= 0, got {self.delta}")
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
+        return self.grow(ctx, root_token).tree
+
+    def grow(self, ctx: DraftContext, root_token: int) -> OptTreeResult:
         work = TokenTree.from_root(root_token, self.children_mode)
         layer, history = [0], [1.0]  # E(A) of the root alone: the bonus token
         for _ in range(self.max_depth):
-            new = propose_children(ctx, work, layer, self.budget)
+            new = best_children(ctx, work, layer, self.budget, self.topk or self.budget)
             best = rank_nodes(work)[: self.budget]
             history.append(1.0 + sum(work.values[i] for i in best))
             # a node outside the top n never re-enters it, nor do its descendants: don't expand it
@@ -95,5 +103,4 @@ class OptTreeBuilder(TreeBuilder):
             layer = [i for i in new if i in top]
             if history[-1] - history[-2] < self.delta or not layer:
                 break
-        self.last_history = history
-        return top_subtree(work, self.budget, self.children_mode)
+        return OptTreeResult(top_subtree(work, self.budget, self.children_mode), history)

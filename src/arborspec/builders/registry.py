@@ -1,7 +1,8 @@
 """One string-keyed registry of tree builders, shared by the Python API, the CLI and the benchmark.
 
 Adding a method = writing `builders/<paper>.py` with a `@register` dataclass and
-importing it in `builders/__init__.py`. Verifiers live in `verifiers.VERIFIERS`.
+importing it in `builders/__init__.py` (importing any module of this package
+registers them all). Verifiers live in `engine/verifiers.VERIFIERS`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..engine.contracts import TreeBuilder
 from ..errors import ArborError
 
-BUILDERS: dict[str, type] = {}
+BUILDERS: dict[str, type[TreeBuilder]] = {}
 
 
-def register(cls):
+def register(cls: type[TreeBuilder]) -> type[TreeBuilder]:
     """Class decorator: make a `TreeBuilder` dataclass available under `cls.name`."""
     if cls.name in BUILDERS:
         raise RuntimeError(f"builder {cls.name!r} registered twice")
@@ -23,28 +25,38 @@ def register(cls):
 
 
 def builder_names() -> list[str]:
-    _load()
     return sorted(BUILDERS)
 
 
-def builder_class(name: str) -> type:
-    _load()
+def builder_class(name: str) -> type[TreeBuilder]:
     if name not in BUILDERS:
         raise ArborError(f"unknown method {name!r}: choose one of {', '.join(sorted(BUILDERS))}")
     return BUILDERS[name]
 
 
-def make_builder(name: str, budget: int | None = None, **params: Any):
-    """Instantiate builder `name`; unknown parameters and bad values give a one-line ArborError."""
+def parameter_names(cls: type[TreeBuilder]) -> list[str]:
+    """What a builder accepts: its fields (the shared `budget`, `max_depth`, `topk` first) and their aliases."""
+    return [f.name for f in dataclasses.fields(cls) if f.init] + sorted(cls.aliases)
+
+
+def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBuilder:
+    """Instantiate builder `name`; aliases resolved, unknown parameters and bad values give a one-line ArborError."""
     cls = builder_class(name)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(params) - known)
+    unknown = sorted(set(params) - set(parameter_names(cls)))
     if unknown:
-        raise ArborError(f"method {name!r} has no parameter {unknown[0]!r}: it takes {', '.join(sorted(known)) or 'none'}")
-    if budget is not None and (not isinstance(budget, int) or budget < 1):
-        raise ArborError(f"budget (tree size) must be an integer >= 1, got {budget!r}")
+        raise ArborError(f"method {name!r} has no parameter {unknown[0]!r}: it takes {', '.join(parameter_names(cls))}")
+    if budget is not None:
+        if not isinstance(budget, int) or budget < 1:
+            raise ArborError(f"budget (tree size) must be an integer >= 1, got {budget!r}")
+        params = {**params, "budget": budget}
+    resolved: dict[str, Any] = {}
+    for key, value in params.items():
+        field_name = cls.aliases.get(key, key)
+        if field_name in resolved:
+            raise ArborError(f"method {name!r}: {key!r} is another name for {field_name!r}; give only one of them")
+        resolved[field_name] = value
     try:
-        return cls.from_budget(budget, **params) if budget is not None else cls(**params)
+        return cls.from_params(**resolved)
     except TypeError as exc:
         raise ArborError(f"bad parameters for {name!r}: {exc}") from None
 
@@ -69,7 +81,3 @@ def _coerce(raw: str) -> Any:
     if raw.lower() in {"true", "false"}:
         return raw.lower() == "true"
     return raw
-
-
-def _load() -> None:
-    from .. import builders  # noqa: F401  (registers every builder on import)

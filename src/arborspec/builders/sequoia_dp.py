@@ -1,4 +1,8 @@
-"""Sequoia, offline half: the optimal tree shape for a positional acceptance vector (Chen et al. 2024, App. C.2).
+"""Sequoia's dynamic program: the optimal tree shape for a positional acceptance vector (Chen et al. 2024, App. C.2).
+
+Pure functions. The run-time builder (`builders/sequoia.py`) solves it once per
+(size, depth) for its default shape; `offline/calibrate.py` solves it for a
+measured acceptance vector and writes the shape to a file (docs/algorithms.md §3).
 
 Under the *positional acceptance* assumption the verifier accepts the k-th
 child of an accepted node with probability `p_k`, whatever the tokens. A tree
@@ -40,7 +44,7 @@ from .shapes import Shape, validate_shape
 # Default acceptance vector when no calibration is given: p_k = 0.6 * 0.4^(k-1), k = 1..16.
 # Geometric and decreasing (the shape a sampling-without-replacement verifier shows
 # in the Sequoia paper's measurements), summing to just under 1. First child 0.6 is
-# a middle-of-the-road draft; calibrate a pair (`calibrate.py`) for its real vector.
+# a middle-of-the-road draft; calibrate a pair (`offline/calibrate.py`) for its real vector.
 DEFAULT_ACCEPTANCE: tuple[float, ...] = tuple(0.6 * 0.4 ** k for k in range(16))
 
 NEG = -np.inf
@@ -154,14 +158,16 @@ def tree_score(shape: Shape, p: Sequence[float]) -> float:
 
 
 @lru_cache(maxsize=64)
-def _default_shape(budget: int, depth: int) -> tuple[tuple[int, ...], ...]:
-    shape, _ = optimal_shape(DEFAULT_ACCEPTANCE, budget, depth)
+def _default_shape(budget: int, depth: int, branching: int) -> tuple[tuple[int, ...], ...]:
+    shape, _ = optimal_shape(DEFAULT_ACCEPTANCE[:branching], budget, depth)
     return tuple(tuple(path) for path in shape)
 
 
-def default_shape(budget: int, depth: int) -> Shape:
-    """The DP shape for `DEFAULT_ACCEPTANCE` at this size and depth bound (used when no shape is given)."""
-    return [list(path) for path in _default_shape(int(budget), int(depth))]
+def default_shape(budget: int, depth: int, branching: int | None = None) -> Shape:
+    """The DP shape for `DEFAULT_ACCEPTANCE` at this size and depth bound, at most `branching`
+    children per node (None: the vector's length); used when no shape is given."""
+    branching = len(DEFAULT_ACCEPTANCE) if branching is None else int(branching)
+    return [list(path) for path in _default_shape(int(budget), int(depth), branching)]
 
 
 def choose_size(

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArborError
 from ..common.jsonfiles import read_json_file
+from ..errors import ArborError
 
 Shape = list[list[int]]
 

@@ -1,10 +1,13 @@
-"""SpecInfer: k independent draft sequences of length L (Miao et al. 2024, "SpecInfer").
+"""SpecInfer: `topk` independent draft sequences of `max_depth` tokens (Miao et al. 2024, "SpecInfer").
 
-The root's k children are i.i.d. draws *with replacement* from the draft
-distribution (duplicates are kept as separate nodes, each the start of its own
-sequence); every sequence then continues alone for L - 1 more tokens. Verified
-by multi-round rejection *with replacement* (`rejection-wr`, ALGORITHMS.md §2).
-One draft forward per depth, batched over the k sequences.
+The root's `topk` children (alias `k`) are i.i.d. draws *with replacement* from
+the draft distribution (duplicates are kept as separate nodes, each the start of
+its own sequence); every sequence then continues alone for `max_depth - 1`
+(alias `length`) more tokens. Given only a `budget`, the tree has
+`min(topk, budget)` sequences of `budget // sequences` tokens; given only
+`k` and `length`, the budget is their product. Verified by multi-round
+rejection *with replacement* (`rejection-wr`, docs/algorithms.md §2). One draft
+forward per depth, batched over the sequences.
 """
 
 from __future__ import annotations
@@ -13,35 +16,55 @@ from dataclasses import dataclass
 
 import torch
 
-from .registry import register
+from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
-from .base import DraftContext, TreeBuilder, require_positive
+from ..errors import ArborError
+from .base import require_positive
+from .registry import register
+
+DEFAULT_SEQUENCES = 4
+DEFAULT_LENGTH = 4
 
 
 @register
-@dataclass
+@dataclass(kw_only=True)
 class SpecInferBuilder(TreeBuilder):
-    k: int = 4
-    length: int = 4
+    budget: int = DEFAULT_SEQUENCES * DEFAULT_LENGTH
+    topk: int = DEFAULT_SEQUENCES  # sequences (the root's i.i.d. children)
+    max_depth: int | None = None  # tokens per sequence; None = budget // sequences
     name = "specinfer"
     children_mode = "with_replacement"
     paper = "Miao et al. 2024, SpecInfer (k independent sequences)"
+    aliases = {"k": "topk", "length": "max_depth"}
 
     def __post_init__(self) -> None:
-        require_positive(k=self.k, length=self.length)
+        require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)
+        if self.sequences * self.length > self.budget:
+            raise ArborError(f"specinfer: {self.sequences} sequences x {self.length} tokens exceed the budget "
+                             f"of {self.budget} draft nodes: raise the budget or lower k / length")
 
     @classmethod
-    def from_budget(cls, budget: int, k: int = 4, **params) -> "SpecInferBuilder":
-        k = min(k, budget)
-        return cls(k=k, length=max(1, budget // k), **params)
+    def from_params(cls, **params) -> "SpecInferBuilder":
+        if "budget" not in params:  # then k x length define the tree
+            params.setdefault("max_depth", DEFAULT_LENGTH)
+            params["budget"] = params.get("topk", DEFAULT_SEQUENCES) * params["max_depth"]
+        return cls(**params)
 
     @property
-    def max_depth(self) -> int:
+    def sequences(self) -> int:
+        return min(self.topk, self.budget)
+
+    @property
+    def length(self) -> int:
+        return self.max_depth if self.max_depth is not None else max(1, self.budget // self.sequences)
+
+    @property
+    def depth_limit(self) -> int:
         return self.length
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
-        frontier = self._draw(ctx, tree, 0, self.k)
+        frontier = self._draw(ctx, tree, 0, self.sequences)
         for _ in range(self.length - 1):
             ctx.probs(tree, frontier)  # one batched draft forward for the whole layer
             frontier = [kid for node in frontier for kid in self._draw(ctx, tree, node, 1)]

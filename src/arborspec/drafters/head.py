@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
-from .model import Drafter
+from ..engine.contracts import Drafter
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
 

@@ -1,7 +1,7 @@
 """A thin adapter over an *unmodified* Hugging Face causal LM: prefill, tree forwards, KV compaction.
 
-Tree attention needs no forked modelling code (see shared notes
-`hf-tree-attention.md`): we pass a 4D additive mask `[1, 1, N, P + N]` in the
+Tree attention needs no forked modelling code (docs/algorithms.md §4,
+with its traps): we pass a 4D additive mask `[1, 1, N, P + N]` in the
 model dtype, explicit `position_ids` (`P + depth`), and a `DynamicCache`.
 After verification the accepted path is copied into place in every layer and
 the rest is cropped (O(path length), no re-feeding).

@@ -1,6 +1,6 @@
 """The decode loop: speculative steps until EOS or `max_new_tokens`, and the plain baseline.
 
-One speculative step (ALGORITHMS.md §1):
+One speculative step (docs/algorithms.md §1):
   1. the drafter syncs with the committed tokens; the builder grows a tree
      rooted at the last committed token (which the target has not seen yet);
   2. one target forward over root + all nodes with tree attention;
@@ -14,16 +14,16 @@ separate "first token" forward is needed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .adapter import ModelAdapter
-from ..builders.base import DraftContext, TreeBuilder
-from ..drafters import Drafter
+from ..common.timing import clock
+from ..common.vocab import check_vocab_size
 from ..errors import ArborError
+from .adapter import ModelAdapter
+from .contracts import DraftContext, Drafter, TreeBuilder
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationResult, StepStats
@@ -43,12 +43,6 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ArborError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def check_context(prompt_len: int, cfg: DecodeConfig, limit: int, extra: int = 0, who: str = "target") -> None:
@@ -87,11 +81,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
                  reorder_dfs: bool = False) -> None:
-        if drafter.vocab_size != target.vocab_size:
-            raise ArborError(
-                f"draft vocabulary ({drafter.vocab_size}) differs from the target's ({target.vocab_size}): "
-                "the draft must use the target's tokenizer"
-            )
+        check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
@@ -99,7 +89,7 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
         verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
         verify = VERIFIERS[verifier_name]
-        depth = self.builder.max_depth + 1
+        depth = self.builder.depth_limit + 1
         check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
         check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
         draft_cfg = cfg.sampling.draft_side()
@@ -112,23 +102,23 @@ class SpeculativeDecoder:
         committed = list(prompt_ids)
         out: list[int] = []
         steps: list[StepStats] = []
-        t_start = _clock(self.target.device)
+        t_start = clock(self.target.device)
         if len(prompt_ids) > 1:
             self.target.prefill(torch.tensor(prompt_ids[:-1]))
             if features:
                 self.drafter.observe(self.target.last_hidden)
         stop = None
         while stop is None:
-            t0 = _clock(self.target.device)
+            t0 = clock(self.target.device)
             root_logits = self.drafter.begin(committed)
             ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits)
             tree = self.builder.build(ctx, committed[-1])
             if self.reorder_dfs:
                 tree = tree.permuted(dfs_order(tree))
-            t1 = _clock(self.target.device)
+            t1 = clock(self.target.device)
             past = self.target.cache_len
             logits = self.target.tree_forward(tree)  # [N, V]
-            t2 = _clock(self.target.device)
+            t2 = clock(self.target.device)
             result = verify(tree, logits, cfg.sampling, gen)
             new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
             self.target.compact(past + 1, [past + n for n in result.accepted])
@@ -139,7 +129,7 @@ class SpeculativeDecoder:
             out += new
             if on_tokens is not None:
                 on_tokens(new)
-            t3 = _clock(self.target.device)
+            t3 = clock(self.target.device)
             kids, flags = examined_children(tree, result)
             steps.append(StepStats(
                 accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
@@ -149,9 +139,10 @@ class SpeculativeDecoder:
                 examined_draft_probs=[tree.draft_probs[k] for k in kids],
                 examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
             ))
-        wall = _clock(self.target.device) - t_start
-        return GenerationResult(self.builder.name, list(prompt_ids), out, "", steps, wall, stop,
-                                {"builder": self.builder.describe(), "verifier": verifier_name})
+        wall = clock(self.target.device) - t_start
+        return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=out, steps=steps,
+                                wall_time=wall, stop_reason=stop,
+                                config={"builder": self.builder.describe(), "verifier": verifier_name})
 
 
 def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: DecodeConfig,
@@ -162,11 +153,11 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
     target.reset()
     out: list[int] = []
     steps: list[StepStats] = []
-    t_start = _clock(target.device)
+    t_start = clock(target.device)
     logits = target.prefill(torch.tensor(prompt_ids))
     stop = None
     while stop is None:
-        t0 = _clock(target.device)
+        t0 = clock(target.device)
         token = sample(probs_from_logits(logits, cfg.sampling), gen) if not cfg.sampling.greedy else int(logits.argmax())
         new, stop = _finish([token], out, cfg)
         out += new
@@ -174,7 +165,9 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
             on_tokens(new)
         if stop is None:
             logits = target.prefill(torch.tensor([token]))
-        t1 = _clock(target.device)
-        steps.append(StepStats(1, 0, 0, 1.0, 0.0, 0.0, t1 - t0, 0.0))
-    wall = _clock(target.device) - t_start
-    return GenerationResult("autoregressive", list(prompt_ids), out, "", steps, wall, stop, {"builder": "autoregressive"})
+        t1 = clock(target.device)
+        steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
+                               build_time=0.0, verify_time=t1 - t0, other_time=0.0))
+    wall = clock(target.device) - t_start
+    return GenerationResult(method="autoregressive", prompt_ids=list(prompt_ids), output_ids=out, steps=steps,
+                            wall_time=wall, stop_reason=stop, config={"builder": "autoregressive"})

@@ -43,6 +43,16 @@ class SamplingConfig:
         return replace(self, temperature=1.0) if self.greedy else self
 
 
+def sampling_config(do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> SamplingConfig:
+    """From `transformers.generate`-style arguments: `do_sample=False` is greedy whatever the temperature;
+    temperature 0 is greedy too."""
+    if temperature is not None and temperature < 0:
+        raise ArborError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not do_sample or temperature == 0:
+        return SamplingConfig(0.0, top_k, top_p)
+    return SamplingConfig(temperature, top_k, top_p)
+
+
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Apply temperature, top-k, top-p to `[..., V]` logits; removed tokens get -inf."""
     logits = logits.float()
@@ -76,7 +86,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def gumbel_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Standard Gumbel noise of the same shape, from `generator` (CPU noise, moved to probs' device)."""
-    u = torch.rand(probs.shape, generator=generator, dtype=torch.float32, device=_gen_device(generator))
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float32, device=generator_device(generator))
     return (-torch.log(-torch.log(u.clamp_(1e-20, 1.0 - 1e-7)))).to(probs.device)
 
 
@@ -92,5 +102,6 @@ def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor
     return torch.topk(keys, k).indices.tolist() if k > 0 else []
 
 
-def _gen_device(generator: torch.Generator | None):
+def generator_device(generator: torch.Generator | None) -> torch.device | str:
+    """Where a generator's draws are made (CPU when there is none)."""
     return generator.device if generator is not None else "cpu"

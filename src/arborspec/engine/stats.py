@@ -1,8 +1,10 @@
 """Result dataclasses: what one speculative step and one generation produced.
 
-Conventions (used everywhere, ALGORITHMS.md §1): *accepted length* counts the
-tokens committed by a step **including the bonus token**; *tree size* counts
-draft nodes, root excluded. Derived figures are computed here and nowhere else.
+Conventions (used everywhere, docs/algorithms.md §1): *accepted length* counts
+the tokens committed by a step **including the bonus token**; *tree size*
+counts draft nodes, root excluded. The figures of one generation are the
+properties below; the benchmark's figures over many runs (ratios of totals)
+are computed from its results records in `bench/metrics.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepStats:
     accepted_length: int  # committed tokens this step, bonus included (after truncation at EOS/max_new_tokens)
     tree_size: int  # draft nodes verified (root excluded)
@@ -27,12 +29,12 @@ class StepStats:
     examined_accepted: list[bool] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerationResult:
     method: str
     prompt_ids: list[int]
     output_ids: list[int]  # new tokens only (committed ids; never re-tokenised text)
-    text: str
+    text: str = ""  # the decoded output, filled in by the API (the engine sees token ids only)
     steps: list[StepStats]
     wall_time: float  # seconds from the first forward to the last token, prefill included
     stop_reason: str  # "eos" | "length"
@@ -49,6 +51,10 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    def speedup_over(self, baseline: "GenerationResult") -> float:
+        """Baseline seconds per token / this generation's seconds per token."""
+        return (baseline.wall_time / baseline.new_tokens) / (self.wall_time / self.new_tokens)
 
     @property
     def mean_tree_size(self) -> float:

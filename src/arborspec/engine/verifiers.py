@@ -6,7 +6,7 @@ Vocabulary (as in vLLM's rejection sampler):
   at the node where the walk stops. Committed per step = accepted + 1.
 
 All four verifiers produce tokens distributed exactly as the target's
-(ALGORITHMS.md §2), provided the tree was built the way the verifier assumes:
+(docs/algorithms.md §2), provided the tree was built the way the verifier assumes:
 
 | verifier        | lossless for                                    | reference |
 |-----------------|-------------------------------------------------|-----------|
@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..errors import ArborError
-from .sampling import SamplingConfig, probs_from_logits, sample
+from .sampling import SamplingConfig, generator_device, probs_from_logits, sample
 from .tree import TokenTree
 
 RESIDUAL_EPS = 1e-9
@@ -98,7 +98,7 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
             if d[y] <= 0:
                 raise RuntimeError(f"child token {y} has draft probability 0: the tree was not sampled from child_dists")
             # accept y with probability min(1, R[y] / D[y])
-            u = float(torch.rand((), generator=generator, device=_dev(generator)))
+            u = float(torch.rand((), generator=generator, device=generator_device(generator)))
             if u * float(d[y]) < float(r[y]):
                 return child, y
             r = _residual(r, d)
@@ -111,10 +111,6 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
         return None, r
 
     return rule
-
-
-def _dev(generator):
-    return generator.device if generator is not None else "cpu"
 
 
 def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
@@ -140,7 +136,7 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
     "rejection-wr": rejection_with_replacement,
 }
 
-# Which verifiers are lossless for each way of producing children (the pairing rule, ALGORITHMS.md §2).
+# Which verifiers are lossless for each way of producing children (the pairing rule, docs/algorithms.md §2).
 LOSSLESS = {
     "without_replacement": {"rejection", "sample-match"},
     "with_replacement": {"rejection-wr", "sample-match"},

@@ -1,177 +1,50 @@
-"""C2T, offline half: features, training data and the tiny classifier (Huo et al. 2025, "C2T", Sec. 4.1, App. B).
+"""C2T, offline half: training data and training of the pruning classifier (Huo et al. 2025, "C2T", Sec. 4.1, App. B).
 
-Each candidate node is described by three features:
-  1. joint probability: the product of draft probabilities along its path
-     (after the draft-side sampling transform, the distributions the builder sees);
-  2. entropy of its parent's draft distribution, summed over that
-     distribution's top-1000 probabilities (`-sum p log p`, not renormalised);
-  3. depth (root = 0, so the root's children have depth 1).
-The classifier is `Linear(3, 48) -> ReLU -> Linear(48, 1)` followed by a sigmoid
-("confidence").
+The classifier, its three features and its file format are the online half's
+(`builders/c2t_classifier.py`); this module only writes classifier files.
 
 Training data: at real positions of target-written continuations of training
-prompts (the built-in instruction list of `calibrate.py` or a user file — not
-the MT-Bench / HumanEval evaluation sets), the draft grows a large EAGLE-style
-tree (every frontier node proposes its top-k children; the k with the largest
-joint probability across the layer form the next frontier; `depth` layers),
-and ONE target tree forward labels every node: accepted = the target's choice
-at its parent (greedy argmax, or one sample per parent) equals the node's token
-and the parent is accepted. Positives are rare, so each epoch keeps every
-positive and samples `neg_per_pos` negatives per positive (BCE, Adam).
+prompts (the built-in instruction list of `offline/prompts.py` or a user file —
+not the MT-Bench / HumanEval evaluation sets), the draft grows a large
+EAGLE-style tree (every frontier node proposes its top-k children; the k with
+the largest joint probability across the layer form the next frontier; `depth`
+layers), and ONE target tree forward labels every node: a node is positive when
+the verifier of selected trees accepts it (greedy at temperature 0, else
+sample-and-match: the target's choice at its parent is the node's token and the
+parent is accepted). Positives are rare, so each epoch keeps every positive and
+samples `neg_per_pos` negatives per positive (BCE, Adam).
 
 Metrics on held-out trees: recall, positive rate and precision at the
 threshold `beta`, and the recall of the joint-probability-only rule that
 keeps the same number of nodes (the EAGLE-2 style baseline C2T improves on).
-
-The run-time builder is `builders/c2t.py`. Its trees are *selected*, so they
-are verified with `greedy` at temperature 0 and `sample-match` above.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from ..builders.base import top_children
+from ..builders.c2t_classifier import DEFAULT_CLASSIFIER, C2TClassifier, c2t_features, make_classifier, save_classifier
+from ..common.chat import encode_prompt, eos_ids
+from ..common.progress import progress_enumerate
+from ..common.provenance import machine_info, utc_timestamp
 from ..engine.adapter import ModelAdapter
-from ..drafters import Drafter
-from ..errors import ArborError
-from ..engine.sampling import SamplingConfig, probs_from_logits, sample
+from ..engine.contracts import DraftContext, Drafter
+from ..engine.decode import DecodeConfig, autoregressive_generate
+from ..engine.sampling import SamplingConfig
 from ..engine.tree import TokenTree
-
-if TYPE_CHECKING:
-    from ..builders.base import DraftContext
-
-# The training pipeline imports `decode` and `calibrate` inside its functions: the
-# `c2t` builder imports this module, and `decode` imports the builders package.
-
-FEATURES = ("joint_probability", "parent_entropy_top1000", "depth")
-ENTROPY_TOP = 1000
-HIDDEN = 48
-CLASSIFIER_FORMAT = "arborspec-c2t/1"
-SHIPPED_DIR = Path(__file__).parent.parent / "assets" / "c2t"
-DEFAULT_CLASSIFIER = SHIPPED_DIR / "embedded.safetensors"  # for target "embedded" + draft "embedded-draft"
-
-
-# ---------------------------------------------------------------------------- features
-def top_entropy(probs: torch.Tensor, top: int = ENTROPY_TOP) -> torch.Tensor:  # [K, V] -> [K]
-    """`-sum p log p` over each row's `top` largest probabilities (zeros contribute 0)."""
-    p = probs.float().topk(min(top, probs.shape[-1]), dim=-1).values
-    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
-
-
-def node_features(joint: torch.Tensor, parent_entropy: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """Stack the three C2T features: `[C]` each -> `[C, 3]` float32."""
-    return torch.stack([joint.float(), parent_entropy.float(), depth.float()], dim=-1)
-
-
-@dataclass
-class Candidates:
-    """Top-k children proposed for a layer of frontier nodes (not yet in the tree)."""
-
-    parents: list[int]
-    tokens: list[int]
-    draft_probs: torch.Tensor  # [C] D(token | parent path)
-    features: torch.Tensor  # [C, 3]
-
-    @property
-    def joint(self) -> torch.Tensor:  # [C]
-        return self.features[:, 0]
-
-
-def propose(ctx: "DraftContext", tree: TokenTree, nodes: list[int], k: int) -> Candidates:
-    """Each node's k most likely children with their features (one batched draft forward)."""
-    probs = ctx.probs(tree, nodes).float().cpu()  # [F, V]
-    entropy = top_entropy(probs)  # [F]
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # values/indices [F, k]
-    parents, tokens, p, joint, ent, depth = [], [], [], [], [], []
-    for row, node in enumerate(nodes):
-        for prob, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
-            if prob <= 0:
-                break
-            parents.append(node)
-            tokens.append(token)
-            p.append(prob)
-            joint.append(tree.values[node] * prob)
-            ent.append(float(entropy[row]))
-            depth.append(tree.depths[node] + 1)
-    feats = node_features(torch.tensor(joint), torch.tensor(ent), torch.tensor(depth)) if parents else torch.zeros(0, 3)
-    return Candidates(parents, tokens, torch.tensor(p), feats)
-
-
-def add_candidates(tree: TokenTree, cands: Candidates, order: list[int]) -> list[int]:
-    """Add candidates `order` (indices into `cands`) to the tree; node value = joint probability."""
-    return [tree.add(cands.parents[i], cands.tokens[i], value=float(cands.joint[i]),
-                     draft_prob=float(cands.draft_probs[i])) for i in order]
-
-
-# ---------------------------------------------------------------------------- classifier
-def make_classifier(hidden: int = HIDDEN) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(len(FEATURES), hidden), nn.ReLU(), nn.Linear(hidden, 1))
-
-
-@dataclass
-class C2TClassifier:
-    net: nn.Sequential
-    meta: dict = field(default_factory=dict)
-
-    @torch.no_grad()
-    def confidence(self, features: torch.Tensor) -> torch.Tensor:  # [C, 3] -> [C]
-        return torch.sigmoid(self.net(features.float())).squeeze(-1)
-
-
-def save_classifier(path: str | Path, clf: C2TClassifier) -> None:
-    """safetensors weights; the JSON metadata rides in the file header under "arborspec"."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {**clf.meta, "format": CLASSIFIER_FORMAT, "features": list(FEATURES), "entropy_top": ENTROPY_TOP}
-    tensors = {k: v.detach().contiguous().cpu() for k, v in clf.net.state_dict().items()}
-    save_file(tensors, str(path), metadata={"arborspec": json.dumps(meta)})
-
-
-def load_classifier(path: str | Path, target: str | None = None, draft: str | None = None,
-                    vocab_size: int | None = None) -> C2TClassifier:
-    """Read a classifier file; one-line ArborError if malformed or made for another pair or vocabulary."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise ArborError(f"C2T classifier {str(path)!r} does not exist: train one with `arborspec train-c2t`")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ArborError(f"C2T classifier {str(path)!r} is not a safetensors file ({exc})") from None
-    try:
-        meta = json.loads(header["arborspec"])
-        assert meta.get("format") == CLASSIFIER_FORMAT and meta.get("features") == list(FEATURES)
-    except (KeyError, json.JSONDecodeError, AssertionError, AttributeError):
-        raise ArborError(f"{str(path)!r} is not an arborspec C2T classifier (missing or wrong metadata)") from None
-    net = make_classifier(tensors["0.weight"].shape[0] if "0.weight" in tensors else HIDDEN)
-    try:
-        net.load_state_dict(tensors)
-    except RuntimeError as exc:
-        raise ArborError(f"C2T classifier {str(path)!r} has unexpected weights ({str(exc).splitlines()[0]})") from None
-    for role, want in [("target", target), ("draft", draft)]:
-        if want is not None and meta.get(role) != want:
-            raise ArborError(f"C2T classifier {str(path)!r} was trained for {role} {meta.get(role)!r}, not {want!r}: "
-                             f"retrain with `arborspec train-c2t --{role} {want}`")
-    if vocab_size is not None and meta.get("vocab_size") != vocab_size:
-        raise ArborError(f"C2T classifier {str(path)!r} was trained for a vocabulary of {meta.get('vocab_size')} "
-                         f"tokens, this pair has {vocab_size}: it belongs to another model pair")
-    return C2TClassifier(net.eval(), meta)
+from ..engine.verifiers import greedy, sample_match
+from ..errors import ArborError
+from ..models import load_pair
+from .prompts import read_prompts
 
 
 # ---------------------------------------------------------------------------- training data
-@dataclass
+@dataclass(kw_only=True)
 class C2TConfig:
     k: int = 8  # children per node and frontier width per layer of the expanded trees
     depth: int = 6  # layers of the expanded trees
@@ -205,35 +78,29 @@ class C2TDataset:
         return int(self.tree_ids.max()) + 1 if self.tree_ids.numel() else 0
 
 
-def expanded_tree(ctx: "DraftContext", root_token: int, k: int, depth: int) -> tuple[TokenTree, torch.Tensor]:
+def expanded_tree(ctx: DraftContext, root_token: int, k: int, depth: int) -> tuple[TokenTree, torch.Tensor]:
     """EAGLE-2 style expansion; returns the tree and the features `[N-1, 3]` of nodes 1..N-1."""
     tree = TokenTree.from_root(root_token, "selected")
     feats, frontier = [], [0]
     for _ in range(depth):
-        cands = propose(ctx, tree, frontier, k)
+        cands = top_children(ctx, tree, frontier, k)
         if not cands.parents:
             break
-        added = add_candidates(tree, cands, list(range(len(cands.parents))))
-        feats.append(cands.features)
-        best = cands.joint.topk(min(k, len(added))).indices.tolist()
+        features = c2t_features(cands)  # [C, 3]
+        added = cands.add(tree, values=features[:, 0].tolist())  # node value = the joint-probability feature
+        feats.append(features)
+        best = features[:, 0].topk(min(k, len(added))).indices.tolist()
         frontier = [added[i] for i in best]
     return tree, torch.cat(feats) if feats else torch.zeros(0, 3)
 
 
 def label_tree(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig,
                generator: torch.Generator | None = None) -> torch.Tensor:  # [N, V] -> [N] bool
-    """accepted[i] = parent accepted and the target's choice at the parent is token i (root: True)."""
+    """True for the root and the nodes the verifier of selected trees accepts (greedy at temperature 0,
+    else sample-and-match): the path along which the target's own choices follow the tree."""
+    verify = greedy if cfg.greedy else sample_match
     accepted = torch.zeros(tree.num_nodes, dtype=torch.bool)
-    accepted[0] = True
-    choice: dict[int, int] = {}
-    for node in range(1, tree.num_nodes):
-        parent = tree.parents[node]
-        if not accepted[parent]:
-            continue
-        if parent not in choice:
-            row = target_logits[parent]
-            choice[parent] = int(row.argmax()) if cfg.greedy else sample(probs_from_logits(row, cfg), generator)
-        accepted[node] = choice[parent] == tree.tokens[node]
+    accepted[[0] + verify(tree, target_logits, cfg, generator).accepted] = True
     return accepted
 
 
@@ -248,17 +115,14 @@ def tree_positions(prompt_len: int, total_len: int, count: int) -> list[int]:
 def collect_training_data(target_model, drafter: Drafter, prompts: list[list[int]], cfg: C2TConfig,
                           eos_token_ids: tuple[int, ...] = (), progress: bool = True) -> C2TDataset:
     """Expanded draft trees at real positions, labelled by one target tree forward each."""
-    from ..builders.base import DraftContext
-    from .calibrate import progress_enumerate
-    from ..engine.decode import DecodeConfig, autoregressive_generate
-
     target = ModelAdapter(target_model)
     sampling = cfg.sampling
     gen = torch.Generator().manual_seed(cfg.seed)
     feats, labels, ids_of_tree = [], [], []
     for i, prompt in progress_enumerate(prompts, "C2T trees", progress):
-        out = autoregressive_generate(target, list(prompt), DecodeConfig(cfg.max_new_tokens, sampling, cfg.seed + i,
-                                                                         eos_token_ids)).output_ids
+        dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, sampling=sampling, seed=cfg.seed + i,
+                            eos_token_ids=eos_token_ids)
+        out = autoregressive_generate(target, list(prompt), dcfg).output_ids
         ids = list(prompt) + out
         target.reset()
         drafter.reset()
@@ -309,8 +173,6 @@ def evaluate(confidence: torch.Tensor, joint: torch.Tensor, labels: torch.Tensor
 
 def train(data: C2TDataset, cfg: C2TConfig, progress: bool = False) -> tuple[C2TClassifier, dict]:
     """Fit the classifier with negative sampling; metrics on held-out trees (or on the training set if one tree)."""
-    from .calibrate import progress_enumerate
-
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     train_mask, held_mask = split_trees(data, cfg.holdout, cfg.seed)
@@ -348,8 +210,6 @@ def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], c
                      eos_token_ids: tuple[int, ...] = (), out: str | Path | None = None,
                      progress: bool = True) -> tuple[C2TClassifier, dict]:
     """Collect trees with loaded models, train, and save to `out` when given."""
-    from .calibrate import machine_info
-
     cfg = cfg or C2TConfig()
     data = collect_training_data(target_model, drafter, prompts, cfg, eos_token_ids, progress)
     data.source = {
@@ -357,7 +217,7 @@ def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], c
         "sampling": asdict(cfg.sampling), "label": "greedy" if cfg.sampling.greedy else "sampled",
         "prompts_source": prompts_source, "trees": data.num_trees, "nodes": int(data.labels.numel()),
         "positive_share": float(data.labels.mean()), "machine": machine_info(target_model.device),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": utc_timestamp(),
     }
     clf, metrics = train(data, cfg, progress)
     if out is not None:
@@ -372,9 +232,6 @@ def train_c2t(target: str = "embedded", draft: str | None = None, cfg: C2TConfig
 
     `out` defaults to the shipped location, but only for the embedded target with its distilled draft.
     """
-    from ..api import encode_prompt, eos_ids, load_pair
-    from .calibrate import read_prompts
-
     cfg = cfg or C2TConfig()
     pair = load_pair(target, draft, device, dtype)
     if out is None:

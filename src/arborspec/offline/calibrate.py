@@ -25,61 +25,33 @@ builder and verified with `rejection` (without replacement).
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
-import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from ..engine.adapter import ModelAdapter
-from ..api import encode_prompt, eos_ids, load_pair
-from ..engine.decode import DecodeConfig, autoregressive_generate
-from ..drafters import Drafter
-from ..errors import ArborError
-from ..common.jsonfiles import read_json_file
-from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from ..builders.sequoia_dp import choose_size, optimal_shape, predicted_speedup
 from ..builders.shapes import save_shape
+from ..common.chat import encode_prompt, eos_ids
+from ..common.jsonfiles import read_json_file
+from ..common.progress import progress_enumerate
+from ..common.provenance import machine_info, utc_timestamp
+from ..common.timing import clock, median_seconds
+from ..common.vocab import check_vocab_size
+from ..engine.adapter import ModelAdapter
+from ..engine.contracts import Drafter
+from ..engine.decode import DecodeConfig, autoregressive_generate
+from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from ..engine.tree import TokenTree
 from ..engine.verifiers import rejection
+from ..errors import ArborError
+from ..models import load_pair
+from .prompts import read_prompts
 
 CALIBRATION_FORMAT = "arborspec-calibration/1"
 
-# Everyday and technical instructions for calibration and classifier training. Not
-# taken from MT-Bench or HumanEval (the evaluation sets).
-CALIBRATION_PROMPTS: tuple[str, ...] = (
-    "Explain how a refrigerator keeps food cold.",
-    "Write a short poem about autumn leaves.",
-    "Give three tips for learning a new language as an adult.",
-    "What is the difference between weather and climate?",
-    "Write a polite email asking a colleague to review a document.",
-    "Describe the water cycle in simple terms.",
-    "List some healthy breakfast ideas for busy mornings.",
-    "How does a bicycle stay upright when it moves?",
-    "Summarise the plot of a typical detective story.",
-    "Write a Python function that reverses the words in a sentence.",
-    "What are the pros and cons of working from home?",
-    "Explain what a hash table is and why it is fast.",
-    "Suggest a plan for a relaxing weekend in the countryside.",
-    "Why is the sky blue?",
-    "Write a short story about a robot who learns to paint.",
-    "How do vaccines train the immune system?",
-    "Give advice for someone preparing for their first job interview.",
-    "Explain the rules of chess in a few sentences.",
-    "What should I consider when adopting a dog?",
-    "Describe how bread rises when it is baked.",
-    "Compare trains and planes for travelling 500 kilometres.",
-    "Explain recursion to a beginner programmer.",
-    "Write a thank-you note to a teacher.",
-    "How can a small team keep its meetings short and useful?",
-)
-
-
-@dataclass
+@dataclass(kw_only=True)
 class CalibrationConfig:
     temperature: float = 0.6  # the sampling settings the calibration is valid for
     top_k: int = 0
@@ -98,7 +70,7 @@ class CalibrationConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Calibration:
     target: str
     draft: str
@@ -182,7 +154,8 @@ def measure_acceptance(
     hits = torch.zeros(cfg.children, dtype=torch.float64)
     positions = trials = 0
     for i, prompt in progress_enumerate(prompts, "acceptance", progress):
-        dcfg = DecodeConfig(cfg.max_new_tokens, sampling, cfg.seed + i, eos_token_ids)
+        dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, sampling=sampling, seed=cfg.seed + i,
+                            eos_token_ids=eos_token_ids)
         ids = list(prompt) + autoregressive_generate(target, list(prompt), dcfg).output_ids
         start = max(len(prompt) - 1, 0)
         t_logits = target_logits_along(target_model, ids, start)  # [P, V]
@@ -198,20 +171,6 @@ def measure_acceptance(
 
 
 # ---------------------------------------------------------------------------- costs
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_target_times(target_model, cfg: CalibrationConfig, context: list[int]) -> tuple[list[int], list[float], float]:
     """t(k) for k = 1, 2, 4, ..., max_tree_tokens: a k-node tree forward over a cache of `context`."""
     target = ModelAdapter(target_model)
@@ -228,11 +187,10 @@ def measure_target_times(target_model, cfg: CalibrationConfig, context: list[int
 
         def run(tree=tree):
             target.tree_forward(tree)
-            _sync(target.device)
+            clock(target.device)  # wait for the device before the crop
             target.crop_to(past)
 
-        run()  # warm-up
-        seconds.append(_median_time(run, cfg.timing_repeats))
+        seconds.append(median_seconds(run, cfg.timing_repeats, warmup=1))
     return sizes, [s / seconds[0] for s in seconds], seconds[0]
 
 
@@ -242,9 +200,9 @@ def measure_draft_cost(drafter: Drafter, context: list[int], repeats: int) -> fl
     drafter.begin(context[:-repeats - 1])
     times = []
     for j in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         drafter.begin(context[: len(context) - repeats + j])
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -254,18 +212,6 @@ def timing_context(vocab_size: int, length: int, seed: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- entry points
-def machine_info(device: torch.device | str) -> dict:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
 def calibrate_models(
     target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig | None = None, *,
     target_name: str, draft_name: str, prompts_source: str = "given token ids",
@@ -273,8 +219,8 @@ def calibrate_models(
 ) -> Calibration:
     """Measure the acceptance vector and the costs for loaded models (`prompts` as token ids)."""
     cfg = cfg or CalibrationConfig()
-    if drafter.vocab_size != target_model.get_output_embeddings().weight.shape[0]:
-        raise ArborError("the draft's vocabulary differs from the target's: calibrate a pair that shares a tokenizer")
+    check_vocab_size(drafter.vocab_size, target_model.get_output_embeddings().weight.shape[0],
+                     fix="calibrate a pair that shares a tokenizer")
     if not prompts:
         raise ArborError("no calibration prompts")
     acceptance, positions, trials = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress)
@@ -287,7 +233,7 @@ def calibrate_models(
         target=target_name, draft=draft_name, vocab_size=vocab, sampling=asdict(cfg.sampling),
         acceptance=acceptance, positions=positions, trials=trials, time_tokens=tokens, time_relative=relative,
         time_one_token_s=one, draft_cost=draft_seconds / one, prompts_source=prompts_source, config=asdict(cfg),
-        machine=machine_info(target_model.device), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        machine=machine_info(target_model.device), created=utc_timestamp(),
         first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
     )
 
@@ -360,35 +306,3 @@ def write_sequoia_shape(
     }
     save_shape(out, shape, **meta)
     return shape, meta
-
-
-# ---------------------------------------------------------------------------- helpers shared with c2t.py
-def read_prompts(path: str | Path | None, limit: int) -> tuple[list[str], str]:
-    """Prompts from a file (one per line, or a JSON list of strings), else the built-in list."""
-    if path is None:
-        return list(CALIBRATION_PROMPTS[:limit]), "arborspec.calibrate.CALIBRATION_PROMPTS"
-    path = Path(path)
-    if not path.is_file():
-        raise ArborError(f"prompts file {str(path)!r} does not exist")
-    text = path.read_text()
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        items = [line.strip() for line in text.splitlines() if line.strip()]
-    if not isinstance(items, list) or not all(isinstance(x, str) for x in items) or not items:
-        raise ArborError(f"prompts file {str(path)!r}: give one prompt per line or a JSON list of strings")
-    return items[:limit], str(path)
-
-
-def progress_enumerate(items: list, label: str, progress: bool):
-    """enumerate(items) with a rich progress bar when `progress`."""
-    if not progress:
-        yield from enumerate(items)
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task(label, total=len(items))
-        for i, item in enumerate(items):
-            yield i, item
-            bar.advance(task)

@@ -1,10 +1,10 @@
 """Distil a small draft model for a target causal LM (sequence-level + top-k soft-label KD).
 
-The pipeline (``distill(cfg)`` / ``python -m arborspec.distill``) has four stages,
+The pipeline (``distill(cfg)`` / ``python -m arborspec.offline.distill``) has four stages,
 each resumable from what it left on disk under ``cfg.work_dir``:
 
 1. **Prompts.** Real instructions built offline, never from MT-Bench or HumanEval
-   (those are the held-out evaluation sets, see ``arborspec.draft_quality``):
+   (those are the held-out evaluation sets, see ``arborspec.offline.draft_quality``):
    (a) the first docstring line of public functions/classes of 68 Python
    standard-library modules, turned into "Write a Python function that ..." /
    "Explain what `mod.func` does" requests, and (b) a hand-written list of 196
@@ -42,20 +42,25 @@ import os
 import random
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..common.chat import encode_prompt, eos_ids
+from ..common.progress import progress_bar
+from ..common.timing import clock
+from ..common.vocab import check_same_tokenizer, check_vocab_size
 from ..errors import ArborError
+from ..models import load_model, load_tokenizer, parse_dtype
+from .generation import cut_at_eos, left_padded, pad_token_id
 
 SHARD_PREFIX = "shard_"
 
 # --------------------------------------------------------------------------- config
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DistillConfig:
     target: str = "embedded"            # model name/path understood by arborspec.models.resolve_model_path
     out_dir: str = "runs/distill/draft"  # final HF directory of the draft
@@ -127,34 +132,21 @@ def _vocab_of(obj):
 def check_vocab_match(target, draft, *, probe: str | None = None) -> None:
     """Raise ArborError unless `draft` shares `target`'s vocabulary.
 
-    Each side may be a tokenizer, a config, a model or a HF directory. Checked:
-    the config vocab sizes (embedding rows) and, when both tokenizers are at
-    hand, identical token->id maps and special tokens.
+    Each side may be a tokenizer, a config, a model or a HF directory. Checked
+    (`common/vocab.py`): the vocabulary sizes and, when both tokenizers are at
+    hand, identical token->id maps, special tokens and splitting of text.
     """
     t_size, t_tok = _vocab_of(target)
     d_size, d_tok = _vocab_of(draft)
     if t_tok is not None and d_tok is None and not hasattr(target, "config"):
         t_size = max(t_size, len(t_tok))
-    if t_size is not None and d_size is not None and t_size != d_size:
-        # A tokenizer's len() may be below the (padded) embedding size; only compare like with like.
-        if not ((t_tok is not None and d_tok is None and d_size >= t_size) or (d_tok is not None and t_tok is None and t_size >= d_size)):
-            raise ArborError(
-                f"the draft's vocabulary ({d_size} tokens) differs from the target's ({t_size}): "
-                "a draft must use the target's tokenizer; distil one with `python -m arborspec.distill`"
-            )
+    # A tokenizer's len() may be below the (padded) embedding size; only compare like with like.
+    tokenizer_vs_padded = t_size is not None and d_size is not None and (
+        (t_tok is not None and d_tok is None and d_size >= t_size) or (d_tok is not None and t_tok is None and t_size >= d_size))
+    if not tokenizer_vs_padded:
+        check_vocab_size(d_size, t_size)
     if t_tok is not None and d_tok is not None:
-        if t_tok.get_vocab() != d_tok.get_vocab():
-            raise ArborError(
-                "the draft's tokenizer maps tokens to different ids than the target's: "
-                "a draft must use the target's tokenizer; distil one with `python -m arborspec.distill`"
-            )
-        for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
-            a, b = getattr(t_tok, attr, None), getattr(d_tok, attr, None)
-            if a is not None and b is not None and a != b:
-                raise ArborError(f"the draft's {attr} ({b}) differs from the target's ({a}): use the target's tokenizer")
-        text = probe or "Hello, world! def f(x): return x ** 2  # ünïcödé 123"
-        if t_tok(text)["input_ids"] != d_tok(text)["input_ids"]:
-            raise ArborError("the draft's tokenizer splits text differently from the target's: use the target's tokenizer")
+        check_same_tokenizer(t_tok, d_tok, probe=probe)
 
 
 def load_draft(path: str | Path, target, dtype=torch.float32):
@@ -319,36 +311,10 @@ def _write_json_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), TextColumn("{task.fields[info]}"), disable=not enabled,
-        console=None if sys.stderr.isatty() else _plain_console(),
-    )
-
-
-def _plain_console():
-    from rich.console import Console
-
-    # When logging to a file, still print (rarely refreshed) progress lines.
-    return Console(file=sys.stderr, force_terminal=False, width=160)
-
-
-def encode_prompt(tok, prompt: str, max_tokens: int) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    ids = list(ids)
-    return ids[-max_tokens:] if len(ids) > max_tokens else ids
-
-
-def generate_data(cfg: DistillConfig, model, tok, progress: bool = True) -> Path:
-    """Stage 2: target responses + top-k soft labels, one safetensors shard per batch (resumable)."""
+def _prepare_data_dir(cfg: DistillConfig, prompts: list[str]) -> Path:
+    """Create the data folder, refuse one made with other settings, and record the prompts and settings."""
     data_dir = cfg.work_path / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(cfg.num_prompts, cfg.seed)
     meta = {"num_prompts": len(prompts), "gen_batch_size": cfg.gen_batch_size, "topk": cfg.topk,
             "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "target": cfg.target,
             "source": "stdlib docstrings (Write/Explain/Implement ...) + hand-written topics x templates; no MT-Bench/HumanEval"}
@@ -359,68 +325,69 @@ def generate_data(cfg: DistillConfig, model, tok, progress: bool = True) -> Path
             raise ArborError(f"{data_dir} holds data made with other settings ({old}); use another --work-dir")
     _write_json_atomic(meta, meta_path)
     (data_dir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return data_dir
 
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos_ids = model.generation_config.eos_token_id
-    eos_set = set(eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids if eos_ids is not None else tok.eos_token_id])
+
+def _generate_shard(cfg: DistillConfig, model, tok, prompts: list[str], index: int) -> tuple[dict, dict, int]:
+    """Batch `index`: the target's answers (greedy or sampled, by a seeded coin) and their top-k log-probabilities.
+
+    Returns (tensors, metadata) of the shard and the number of response tokens.
+    """
+    pad_id, eos = pad_token_id(tok), set(eos_ids(tok, model))
+    enc = [encode_prompt(tok, p)[-cfg.max_prompt_tokens:] for p in prompts]
+    input_ids, attn = left_padded(enc, pad_id)
+    sample = random.Random(cfg.seed * 1_000_003 + index).random() < cfg.sample_fraction
+    torch.manual_seed(cfg.seed * 7919 + index)
+    gen_kwargs = dict(do_sample=True, temperature=cfg.sample_temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids.to(model.device), attention_mask=attn.to(model.device),
+            max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, return_dict_in_generate=True,
+            output_logits=True, **gen_kwargs,
+        )
+    seqs = out.sequences[:, input_ids.shape[1]:].cpu()
+    logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw target logits
+    prompt_flat, prompt_off, resp_flat, resp_off, tk_ids, tk_lp = [], [0], [], [0], [], []
+    for i, ids in enumerate(enc):
+        resp = cut_at_eos(seqs[i].tolist(), eos)
+        lp = torch.log_softmax(logits[i, :len(resp)].cpu(), dim=-1)
+        v, ix = lp.topk(cfg.topk, dim=-1)
+        prompt_flat += ids
+        prompt_off.append(len(prompt_flat))
+        resp_flat += resp
+        resp_off.append(len(resp_flat))
+        tk_ids.append(ix.to(torch.int32))
+        tk_lp.append(v.to(torch.float16))
+    tensors = {"prompt_ids": torch.tensor(prompt_flat, dtype=torch.int32),
+               "prompt_offsets": torch.tensor(prompt_off, dtype=torch.int64),
+               "resp_ids": torch.tensor(resp_flat, dtype=torch.int32),
+               "resp_offsets": torch.tensor(resp_off, dtype=torch.int64),
+               "topk_ids": torch.cat(tk_ids), "topk_logprobs": torch.cat(tk_lp)}
+    metadata = {"mode": "sample" if sample else "greedy", "temperature": str(cfg.sample_temperature if sample else 0.0)}
+    return tensors, metadata, len(resp_flat)
+
+
+def generate_data(cfg: DistillConfig, model, tok, progress: bool = True) -> Path:
+    """Stage 2: target responses + top-k soft labels, one safetensors shard per batch (resumable)."""
+    prompts = build_prompts(cfg.num_prompts, cfg.seed)
+    data_dir = _prepare_data_dir(cfg, prompts)
     n_batches = math.ceil(len(prompts) / cfg.gen_batch_size)
     done = {int(p.stem[len(SHARD_PREFIX):]) for p in data_dir.glob(f"{SHARD_PREFIX}*.safetensors")}
-    t0 = time.time()
+    t0 = clock()
     new_tokens = 0
-    with _progress(progress) as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("generate", total=n_batches, completed=len(done), info="")
         for b in range(n_batches):
             if b in done:
                 continue
-            if cfg.data_time_budget_s and time.time() - t0 > cfg.data_time_budget_s:
+            if cfg.data_time_budget_s and clock() - t0 > cfg.data_time_budget_s:
                 print(f"distill: data time budget reached after {b} batches", file=sys.stderr)
                 break
             batch = prompts[b * cfg.gen_batch_size:(b + 1) * cfg.gen_batch_size]
-            enc = [encode_prompt(tok, p, cfg.max_prompt_tokens) for p in batch]
-            width = max(map(len, enc))
-            input_ids = torch.full((len(enc), width), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(enc), width), dtype=torch.long)
-            for i, ids in enumerate(enc):
-                input_ids[i, width - len(ids):] = torch.tensor(ids)
-                attn[i, width - len(ids):] = 1
-            sample = random.Random(cfg.seed * 1_000_003 + b).random() < cfg.sample_fraction
-            torch.manual_seed(cfg.seed * 7919 + b)
-            gen_kwargs = dict(do_sample=True, temperature=cfg.sample_temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids=input_ids.to(model.device), attention_mask=attn.to(model.device),
-                    max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, return_dict_in_generate=True,
-                    output_logits=True, **gen_kwargs,
-                )
-            seqs = out.sequences[:, width:].cpu()
-            logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw target logits
-            prompt_flat, prompt_off, resp_flat, resp_off, tk_ids, tk_lp = [], [0], [], [0], [], []
-            for i in range(len(enc)):
-                resp = seqs[i].tolist()
-                n = len(resp)
-                for j, t in enumerate(resp):
-                    if t in eos_set:
-                        n = j + 1
-                        break
-                lp = torch.log_softmax(logits[i, :n].cpu(), dim=-1)
-                v, ix = lp.topk(cfg.topk, dim=-1)
-                prompt_flat += enc[i]
-                prompt_off.append(len(prompt_flat))
-                resp_flat += resp[:n]
-                resp_off.append(len(resp_flat))
-                tk_ids.append(ix.to(torch.int32))
-                tk_lp.append(v.to(torch.float16))
-                new_tokens += n
-            del logits, out
-            _save_safetensors_atomic(
-                {"prompt_ids": torch.tensor(prompt_flat, dtype=torch.int32), "prompt_offsets": torch.tensor(prompt_off, dtype=torch.int64),
-                 "resp_ids": torch.tensor(resp_flat, dtype=torch.int32), "resp_offsets": torch.tensor(resp_off, dtype=torch.int64),
-                 "topk_ids": torch.cat(tk_ids), "topk_logprobs": torch.cat(tk_lp)},
-                data_dir / f"{SHARD_PREFIX}{b:05d}.safetensors",
-                metadata={"mode": "sample" if sample else "greedy", "temperature": str(cfg.sample_temperature if sample else 0.0)},
-            )
-            elapsed = time.time() - t0
-            bar.update(task, advance=1, info=f"{new_tokens} tok, {new_tokens / max(elapsed, 1e-9):.1f} tok/s")
+            tensors, metadata, tokens = _generate_shard(cfg, model, tok, batch, b)
+            _save_safetensors_atomic(tensors, data_dir / f"{SHARD_PREFIX}{b:05d}.safetensors", metadata=metadata)
+            new_tokens += tokens
+            bar.update(task, advance=1, info=f"{new_tokens} tok, {new_tokens / max(clock() - t0, 1e-9):.1f} tok/s")
     return data_dir
 
 
@@ -499,7 +466,7 @@ def build_draft(cfg: DistillConfig, target) -> torch.nn.Module:
 # --------------------------------------------------------------------------- training
 
 
-def _batches(examples, batch_size, seq_len, rng):
+def _batches(examples, batch_size, rng):
     """Length-bucketed random batches (indices)."""
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i]["ids"]), rng.random()))
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -608,112 +575,154 @@ def _evaluate(model, examples, cfg, pad_id):
     return {"val_loss": tot / max(n, 1), "val_ce_hard": hard_sum / max(n, 1), "val_top1_agreement": agree / max(n, 1), "val_tokens": int(n)}
 
 
+def _split_examples(examples: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, validation): a seeded shuffle; up to 64 examples (1 in 20) are held out."""
+    perm = list(range(len(examples)))
+    random.Random(seed).shuffle(perm)
+    n_val = max(1, min(64, len(examples) // 20)) if len(examples) > 1 else 0
+    val = [examples[i] for i in perm[:n_val]]
+    return [examples[i] for i in perm[n_val:]] or val, val
+
+
+def _optimizer(model, cfg: DistillConfig) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+class _Training:
+    """One training session: the model, its optimizer, the resumable state and its checkpoints."""
+
+    def __init__(self, cfg: DistillConfig, model, val: list[dict], pad_id: int) -> None:
+        self.cfg, self.model, self.val, self.pad_id = cfg, model, val, pad_id
+        self.opt = _optimizer(model, cfg)
+        self.ckpt_dir, self.best_dir = cfg.work_path / "checkpoint", cfg.work_path / "best"
+        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "train_seconds": 0.0, "tokens_seen": 0,
+                      "history": [], "best_val_loss": None}
+        if cfg.resume and (self.ckpt_dir / "state.json").is_file():
+            self.state = _load_checkpoint(self.ckpt_dir, model, self.opt)
+            print(f"distill: resumed from {self.ckpt_dir} at step {self.state['step']}", file=sys.stderr)
+        elif (self.ckpt_dir / "state.json").is_file():
+            print(f"distill: {self.ckpt_dir} exists; starting over (use --resume to continue it)", file=sys.stderr)
+        self.t_start = clock() - self.state["train_seconds"]  # earlier sessions count
+        self.t_session = clock()
+        self.smoothed = {"loss": None, "hard": None, "agree": None}
+
+    def step(self, batch, lr: float) -> None:
+        """One optimizer step at learning rate `lr`."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        loss, ce_hard, _, agree, cnt = _loss(self.model, batch, self.cfg.hard_weight)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.state["step"] += 1
+        self.state["batch_in_epoch"] += 1
+        self.state["tokens_seen"] += int(cnt)
+        for k, v in (("loss", loss.item()), ("hard", ce_hard.item()), ("agree", agree.item())):
+            self.smoothed[k] = v if self.smoothed[k] is None else 0.95 * self.smoothed[k] + 0.05 * v
+
+    def checkpoint(self) -> dict:
+        """Evaluate, save the last checkpoint (and the best one), append to the history; returns the evaluation."""
+        state = self.state
+        state["train_seconds"] = clock() - self.t_start
+        ev = _evaluate(self.model, self.val, self.cfg, self.pad_id)
+        state["history"].append({"step": state["step"], "train_seconds": round(state["train_seconds"], 1),
+                                 "tokens_seen": state["tokens_seen"],
+                                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()}})
+        _save_checkpoint(self.ckpt_dir, self.model, self.opt, state)
+        if state["best_val_loss"] is None or ev["val_loss"] <= state["best_val_loss"]:
+            state["best_val_loss"] = ev["val_loss"]
+            state["best_step"] = state["step"]
+            _save_checkpoint(self.best_dir, self.model, self.opt, state)
+        _write_json_atomic(state["history"], self.cfg.work_path / "train_history.json")
+        return ev
+
+    def session_fraction(self) -> float:
+        """Share of the training time budget this session has used (0 without a budget)."""
+        budget = self.cfg.train_time_budget_s
+        return (clock() - self.t_session) / budget if budget else 0.0
+
+    def log_checkpoint(self, ev: dict, total: int) -> None:
+        r, state = self.smoothed, self.state
+        print(f"distill: step {state['step']}/{total} ep {state['epoch']} train loss {r['loss']:.3f} top1 {r['agree']:.3f} | "
+              f"val loss {ev['val_loss']:.3f} ce {ev['val_ce_hard']:.3f} top1 {ev['val_top1_agreement']:.3f} | "
+              f"{clock() - self.t_start:.0f}s", file=sys.stderr, flush=True)
+
+
+class _CheckpointOnInterrupt:
+    """While active, the first Ctrl-C sets `requested` (the loop saves a checkpoint and stops); a second one aborts."""
+
+    def __init__(self) -> None:
+        self.requested, self._old = False, None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ndistill: interrupt received: saving a checkpoint after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+    def __enter__(self) -> "_CheckpointOnInterrupt":
+        if _main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def _train_loop(run: _Training, train: list[dict], total: int, interrupt: _CheckpointOnInterrupt, progress: bool) -> None:
+    """Steps until `total`, the time budget or Ctrl-C; epochs reshuffle the length buckets with a seeded RNG."""
+    cfg, state = run.cfg, run.state
+    batches = _batches(train, cfg.batch_size, random.Random(cfg.seed * 31 + state["epoch"]))
+    with progress_bar(progress) as bar:
+        task = bar.add_task("train", total=total, completed=state["step"], info="")
+        while state["step"] < total:
+            if state["batch_in_epoch"] >= len(batches):
+                state["epoch"] += 1
+                state["batch_in_epoch"] = 0
+                batches = _batches(train, cfg.batch_size, random.Random(cfg.seed * 31 + state["epoch"]))
+            lr = _lr_at(cfg, state["step"], total, run.session_fraction())
+            run.step(_collate(train, batches[state["batch_in_epoch"]], cfg.seq_len, run.pad_id), lr)
+            r = run.smoothed
+            bar.update(task, completed=state["step"],
+                       info=f"ep {state['epoch']} loss {r['loss']:.3f} ce {r['hard']:.3f} top1 {r['agree']:.3f} lr {lr:.2e}")
+            if state["step"] % cfg.ckpt_every == 0 or state["step"] == total:
+                run.log_checkpoint(run.checkpoint(), total)
+            if interrupt.requested:
+                run.checkpoint()
+                print(f"distill: checkpoint saved to {run.ckpt_dir}; rerun with --resume to continue", file=sys.stderr)
+                raise KeyboardInterrupt
+            if cfg.train_time_budget_s and run.session_fraction() > 1:
+                run.checkpoint()
+                print(f"distill: train time budget reached at step {state['step']}/{total}", file=sys.stderr)
+                break
+
+
 def train_draft(cfg: DistillConfig, target, tok, progress: bool = True) -> dict:
     """Stage 3: train the draft on the shards; returns a dict of training metrics (also in work_dir/train_metrics.json)."""
     data_dir = cfg.work_path / "data"
     examples = load_data(data_dir)
     if not examples:
         raise ArborError(f"no training data in {data_dir}: run the data stage first (--stages data)")
-    rng = random.Random(cfg.seed)
-    perm = list(range(len(examples)))
-    rng.shuffle(perm)
-    n_val = max(1, min(64, len(examples) // 20)) if len(examples) > 1 else 0
-    val = [examples[i] for i in perm[:n_val]]
-    train = [examples[i] for i in perm[n_val:]] or val
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train, val = _split_examples(examples, cfg.seed)
     train_tokens = sum(len(e["topk_ids"]) for e in train)
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = cfg.train_steps or max(1, int(round(cfg.epochs * steps_per_epoch)))
-
+    total = cfg.train_steps or max(1, int(round(cfg.epochs * math.ceil(len(train) / cfg.batch_size))))
     model = build_draft(cfg, target).to(cfg.device)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
-    ckpt_dir = cfg.work_path / "checkpoint"
-    best_dir = cfg.work_path / "best"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "train_seconds": 0.0, "tokens_seen": 0, "history": [], "best_val_loss": None}
-    if cfg.resume and (ckpt_dir / "state.json").is_file():
-        state = _load_checkpoint(ckpt_dir, model, opt)
-        print(f"distill: resumed from {ckpt_dir} at step {state['step']}", file=sys.stderr)
-    elif (ckpt_dir / "state.json").is_file() and not cfg.resume:
-        print(f"distill: {ckpt_dir} exists; starting over (use --resume to continue it)", file=sys.stderr)
-
-    interrupted = {"flag": False}
-
-    def on_sigint(signum, frame):
-        if interrupted["flag"]:
-            raise KeyboardInterrupt
-        interrupted["flag"] = True
-        print("\ndistill: interrupt received: saving a checkpoint after this step (Ctrl-C again to abort)", file=sys.stderr)
-
-    old_handler = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    t_start = time.time() - state["train_seconds"]
-    t_session = time.time()
-    epoch_rng = random.Random(cfg.seed * 31 + state["epoch"])
-    batches = _batches(train, cfg.batch_size, cfg.seq_len, epoch_rng)
-    run = {"loss": None, "hard": None, "agree": None}
-
-    def checkpoint(tag=""):
-        state["train_seconds"] = time.time() - t_start
-        ev = _evaluate(model, val, cfg, pad_id)
-        state["history"].append({"step": state["step"], "train_seconds": round(state["train_seconds"], 1), "tokens_seen": state["tokens_seen"], **{k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()}})
-        _save_checkpoint(ckpt_dir, model, opt, state)
-        if state["best_val_loss"] is None or ev["val_loss"] <= state["best_val_loss"]:
-            state["best_val_loss"] = ev["val_loss"]
-            state["best_step"] = state["step"]
-            _save_checkpoint(best_dir, model, opt, state)
-        _write_json_atomic(state["history"], cfg.work_path / "train_history.json")
-        return ev
-
-    try:
-        with _progress(progress) as bar:
-            task = bar.add_task("train", total=total, completed=state["step"], info="")
-            while state["step"] < total:
-                if state["batch_in_epoch"] >= len(batches):
-                    state["epoch"] += 1
-                    state["batch_in_epoch"] = 0
-                    epoch_rng = random.Random(cfg.seed * 31 + state["epoch"])
-                    batches = _batches(train, cfg.batch_size, cfg.seq_len, epoch_rng)
-                batch = _collate(train, batches[state["batch_in_epoch"]], cfg.seq_len, pad_id)
-                time_frac = (time.time() - t_session) / cfg.train_time_budget_s if cfg.train_time_budget_s else 0.0
-                lr = _lr_at(cfg, state["step"], total, time_frac)
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                loss, ce_hard, ce_soft, agree, cnt = _loss(model, batch, cfg.hard_weight)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-                state["step"] += 1
-                state["batch_in_epoch"] += 1
-                state["tokens_seen"] += int(cnt)
-                for k, v in (("loss", loss.item()), ("hard", ce_hard.item()), ("agree", agree.item())):
-                    run[k] = v if run[k] is None else 0.95 * run[k] + 0.05 * v
-                bar.update(task, completed=state["step"],
-                           info=f"ep {state['epoch']} loss {run['loss']:.3f} ce {run['hard']:.3f} top1 {run['agree']:.3f} lr {lr:.2e}")
-                if state["step"] % cfg.ckpt_every == 0 or state["step"] == total:
-                    ev = checkpoint()
-                    print(f"distill: step {state['step']}/{total} ep {state['epoch']} train loss {run['loss']:.3f} top1 {run['agree']:.3f} | "
-                          f"val loss {ev['val_loss']:.3f} ce {ev['val_ce_hard']:.3f} top1 {ev['val_top1_agreement']:.3f} | "
-                          f"{time.time() - t_start:.0f}s", file=sys.stderr, flush=True)
-                if interrupted["flag"]:
-                    checkpoint()
-                    print(f"distill: checkpoint saved to {ckpt_dir}; rerun with --resume to continue", file=sys.stderr)
-                    raise KeyboardInterrupt
-                if cfg.train_time_budget_s and time.time() - t_session > cfg.train_time_budget_s:
-                    checkpoint()
-                    print(f"distill: train time budget reached at step {state['step']}/{total}", file=sys.stderr)
-                    break
-    finally:
-        if old_handler is not None:
-            signal.signal(signal.SIGINT, old_handler)
+    run = _Training(cfg, model, val, pad_token_id(tok))
+    with _CheckpointOnInterrupt() as interrupt:
+        _train_loop(run, train, total, interrupt, progress)
+    state = run.state
     metrics = {
         "train_examples": len(train), "val_examples": len(val), "train_response_tokens": train_tokens,
         "steps": state["step"], "planned_steps": total, "epochs_done": round(state["tokens_seen"] / max(train_tokens, 1), 2),
-        "tokens_seen": state["tokens_seen"], "train_seconds": round(time.time() - t_start, 1),
+        "tokens_seen": state["tokens_seen"], "train_seconds": round(clock() - run.t_start, 1),
         "best_step": state.get("best_step"), "best_val_loss": state.get("best_val_loss"),
         "final": state["history"][-1] if state["history"] else None,
     }
@@ -734,8 +743,6 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
     """Stage 4: write a standard HF directory (fp16 by default) from the best (or last) checkpoint."""
     from safetensors.torch import load_file, save_file
     from transformers import GenerationConfig
-
-    from ..models import parse_dtype
 
     ckpt = cfg.work_path / checkpoint
     if not (ckpt / "model.safetensors").is_file():
@@ -778,8 +785,6 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
 
 
 def _load_target(cfg: DistillConfig):
-    from ..models import load_model, load_tokenizer
-
     tok = load_tokenizer(cfg.target)
     model = load_model(cfg.target, device=cfg.device, dtype=cfg.dtype)
     return model, tok
@@ -807,7 +812,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> Path:
 
 
 def _parse_args(argv=None) -> DistillConfig:
-    p = argparse.ArgumentParser(prog="python -m arborspec.distill", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m arborspec.offline.distill", description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(DistillConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):

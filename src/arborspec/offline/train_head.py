@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import ArborError
+from ..common.progress import progress_bar
 from ..drafters.head import DraftHead
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data, token_frequencies
 
@@ -176,10 +176,13 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
 # --------------------------------------------------------------------------- training
 
 
-def _lr_at(cfg: HeadTrainConfig, step: int, total: int) -> float:
+def _lr_at(cfg: HeadTrainConfig, step: int, total: int, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to 5 % over the steps or the time budget, whichever runs out first."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    if cfg.time_budget_s:
+        frac = max(frac, min(1.0, elapsed_s / cfg.time_budget_s))
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -248,10 +251,8 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
 
     signal.signal(signal.SIGINT, on_sigint)
     t_start = time.time() - state["elapsed_s"]
-    from .distill import _progress
-
     try:
-        with _progress(progress) as bar:
+        with progress_bar(progress) as bar:
             task = bar.add_task("train head", total=total, completed=state["step"], info="")
             epoch_batches: list[list[int]] = []
             while state["step"] < total and not interrupted["flag"]:
@@ -261,7 +262,7 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
                     epoch_batches = epoch_batches[state["step"] % per_epoch:]
                 idx = epoch_batches.pop(0)
                 for g in opt.param_groups:
-                    g["lr"] = _lr_at(cfg, state["step"], total)
+                    g["lr"] = _lr_at(cfg, state["step"], total, time.time() - t_start)
                 loss, stats = head_losses(head, make_batch([train_seqs[i] for i in idx], cfg.max_len), cfg.ttt_steps, cfg.ce_weight)
                 opt.zero_grad(set_to_none=True)
                 if torch.is_tensor(loss):

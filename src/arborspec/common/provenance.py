@@ -1,0 +1,39 @@
+"""What every file a tool writes records about where it was made: the machine, the versions and the time."""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import datetime, timezone
+
+import torch
+
+__version__ = "0.1.0"  # arborspec's version (re-exported as `arborspec.__version__`)
+
+
+def machine_info(device: torch.device | str | None = None) -> dict:
+    """Platform, CPU, torch threads and GPU; `device` too when given."""
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    if device is not None:
+        info["device"] = str(device)
+    return info
+
+
+def versions() -> dict:
+    """arborspec, torch and transformers versions."""
+    import transformers
+
+    return {"arborspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, to the second (ISO 8601)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,149 @@
+"""The two contracts the step loop consumes: `Drafter` (where draft logits come from) and `TreeBuilder`
+(how a tree is grown from them, drawing through a `DraftContext`).
+
+The engine's decode loop is written against these classes only; the implementations live one
+layer up, in `drafters/` (a draft model, the n-gram drafter) and `builders/` (one file per
+paper). Keeping the contracts here is what lets every import point downwards: drafters and
+builders import the engine, never the other way round.
+
+A builder declares `children_mode`, which fixes the verifier it must be paired with
+(docs/algorithms.md §2):
+
+* "without_replacement": siblings were *sampled* one after another from the renormalised
+  residual of the parent's draft distribution (verifier: `rejection`);
+* "with_replacement": siblings are i.i.d. draws (verifier: `rejection-wr`);
+* "selected": nodes were *chosen* by their own probability or a score (verifier: `greedy`
+  at temperature 0, `sample-match` above).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .sampling import SamplingConfig, gumbel_like, probs_from_logits
+from .tree import ChildrenMode, TokenTree
+
+
+class Drafter(ABC):
+    """Answers, for any node of the tree being built, "what does the draft predict after the path to it?".
+
+    Contract: `expand(tree, nodes)` is only called for nodes whose ancestors were expanded
+    before (a node's parent is always expanded: its children were drawn from the parent's
+    distribution).
+    """
+
+    vocab_size: int
+    forward_time: float = 0.0  # seconds spent in draft forwards since the last `begin`
+    forwards: int = 0
+    uses_target_features: bool = False  # True: the engine calls `observe` with the target's last hidden states
+
+    @abstractmethod
+    def begin(self, committed: list[int]) -> torch.Tensor:
+        """Sync with the committed tokens (the last one is the tree root); return the root's logits `[V]`."""
+
+    @abstractmethod
+    def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+        """Logits `[K, V]` of the next token after the path to each of `nodes` (non-root)."""
+
+    def commit(self, tree: TokenTree, accepted: list[int]) -> None:
+        """Called after verification with the accepted path (node indices, root excluded)."""
+
+    def reset(self) -> None:
+        """Forget everything (a new prompt follows)."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Target features `[k, H]` (last hidden states) of the next k committed tokens, in order.
+
+        Only called when `uses_target_features`; after it, the features of every
+        committed token except the last (the next root) have been observed.
+        """
+
+    @property
+    def max_positions(self) -> int:
+        return 1 << 30
+
+
+class DraftContext:
+    """The draft side of one step: cached per-node draft probabilities and keyed random noise.
+
+    `probs(tree, nodes)` returns `[K, V]` draft probabilities (after the draft-side
+    sampling transform) at each node, running the drafter only for nodes not
+    seen before in this step. `gumbel(tree, node)` returns Gumbel noise keyed by
+    the node's token path and the step's seed, so that two builders growing the
+    same node see the same random draws (what makes DySpec's greedy and
+    threshold variants comparable).
+    """
+
+    def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor):
+        self.drafter, self.cfg, self.generator = drafter, cfg, generator
+        self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
+        self.vocab_size = root_logits.shape[-1]
+
+    def probs(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
+        keys = [tuple(tree.path_tokens(n)) for n in nodes]
+        todo = [n for n, key in zip(nodes, keys) if key not in self._probs]
+        todo = list(dict.fromkeys(todo))
+        if todo:
+            logits = self.drafter.expand(tree, todo)
+            for n, row in zip(todo, probs_from_logits(logits, self.cfg)):
+                self._probs[tuple(tree.path_tokens(n))] = row
+        return torch.stack([self._probs[key] for key in keys])
+
+    def gumbel(self, tree: TokenTree, node: int) -> torch.Tensor:  # [V]
+        key = hash((self.step_seed, tuple(tree.path_tokens(node)))) & ((1 << 63) - 1)
+        gen = torch.Generator().manual_seed(key)
+        return gumbel_like(torch.empty(self.vocab_size), gen)
+
+
+@dataclass(kw_only=True)
+class TreeBuilder(ABC):
+    """Base class of the builders: keyword-only dataclasses of their parameters, registered by name.
+
+    One vocabulary for the size of a tree, accepted by every builder:
+
+    * `budget`: draft nodes per step, the most a tree may hold (root excluded);
+    * `max_depth`: the deepest a tree may grow (`None`: the builder's own rule, bounded by the budget);
+    * `topk`: children per expanded node (`None`: the builder's own rule).
+
+    Fields hold what was asked for and keep their type; derived values are properties.
+    Per-call diagnostics are returned by the builder's own methods, never stored on it,
+    so one builder can serve several decoders.
+    """
+
+    name: ClassVar[str]
+    children_mode: ClassVar[ChildrenMode]
+    paper: ClassVar[str] = ""
+    aliases: ClassVar[dict[str, str]] = {}  # older parameter names -> the shared vocabulary
+
+    budget: int = 16
+    max_depth: int | None = None
+    topk: int | None = None
+
+    @abstractmethod
+    def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
+        """Grow a tree rooted at `root_token` from the draft distributions in `ctx`."""
+
+    @property
+    def depth_limit(self) -> int:
+        """The deepest tree this builder can make (for context-length checks): a tree of at most
+        `budget` nodes is at most that deep, and `max_depth` caps it."""
+        return min(self.budget, self.max_depth or self.budget)
+
+    @classmethod
+    def from_params(cls, **params) -> "TreeBuilder":
+        """The builder for user-given parameters: aliases resolved, derived defaults filled in.
+
+        `budget` is present only when the user gave one (the CLI's `--budget`, a sweep value);
+        a builder whose other defaults follow the budget overrides this.
+        """
+        return cls(**params)
+
+    def describe(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr)
+        return f"{self.name}({fields})"
