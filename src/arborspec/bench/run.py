@@ -44,7 +44,8 @@ from ..engine.contracts import TreeBuilder
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError
-from ..models import ModelPair, default_draft, load_pair
+from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, load_model,
+                      load_pair)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
@@ -253,7 +254,20 @@ class _Runner:
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
         self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make()) for m in methods}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
+        self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")
         self.budgets = {label: dec.builder.budget for label, dec in self.decoders.items()}
+
+    def _assistant(self):
+        """transformers' assisted-generation peer: the pair's draft model; for a draft head (which transformers
+        cannot run) the embedded target's distilled draft model; else prompt lookup (None)."""
+        if isinstance(self.pair.drafter, ModelDrafter):
+            return self.pair.drafter.lm.model, "the draft model as assistant_model"
+        if self.pair.target_name == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
+            model = load_model(EMBEDDED_DRAFT, self.pair.target.device, self.cfg.dtype)
+            return model, (f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since the pair's "
+                           f"draft ({self.pair.draft_name}) is not a model transformers can run")
+        return None, ("prompt lookup (prompt_lookup_num_tokens=10), since the pair's draft is not a model "
+                      "transformers can run")
 
     def labels(self) -> list[str]:
         return [BASELINE] + [m.label for m in self.methods] + self.hf
@@ -286,8 +300,8 @@ class _Runner:
                                       pad_token_id=(self.eos[0] if self.eos else 0))
         how = "plain"
         if label == HF_ASSISTED:
-            if isinstance(self.pair.drafter, ModelDrafter):
-                kwargs["assistant_model"], how = self.pair.drafter.lm.model, "assistant_model"
+            if self.assistant is not None:
+                kwargs["assistant_model"], how = self.assistant, "assistant_model"
             else:
                 kwargs["prompt_lookup_num_tokens"], how = 10, "prompt_lookup_num_tokens=10"
         input_ids = torch.tensor([ids], device=self.pair.target.device)
@@ -383,8 +397,7 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
 
 
 def _hf_note(runner: _Runner) -> dict:
-    how = ("the draft model as assistant_model" if isinstance(runner.pair.drafter, ModelDrafter)
-           else "prompt lookup (prompt_lookup_num_tokens=10), since the draft is the model-free n-gram drafter")
+    how = runner.assistant_how
     return {"kind": "note", "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
                                     f"(temperature > 0 skipped); {HF_GENERATE} is plain transformers generate()."}
 

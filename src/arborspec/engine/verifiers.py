@@ -137,6 +137,9 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
 }
 
 # Which verifiers are lossless for each way of producing children (the pairing rule, docs/algorithms.md §2).
+# The rule holds for any draft distribution, including one that is zero outside a reduced draft vocabulary
+# (FR-Spec, the draft head's `vocab_ids`): rejection verifiers replay the exact distribution the children were
+# drawn from, and sample-match / greedy never read draft probabilities (docs/algorithms.md §6).
 LOSSLESS = {
     "without_replacement": {"rejection", "sample-match"},
     "with_replacement": {"rejection-wr", "sample-match"},
