@@ -19,7 +19,7 @@ $A bench --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures
   --compare-hf-assisted --out $OUT/head-mtbench-t0 \
   -m dyspec:budget=16 -m opt-tree:budget=16 -m eagle2:budget=16 -m sequoia:budget=16
 
-# 2. MT-Bench, temperature 0.6 (seed 0): the sampled-tree methods.
+# 2. MT-Bench, temperature 0.6 (seed 0): the sampled-tree methods (10 prompts in the committed run).
 rm -rf $OUT/head-mtbench-t06
-$A bench --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0.6 --threads 2 \
+$A bench --prompts mt-bench --num-prompts ${MT06:-10} --max-new-tokens $N --temperatures 0.6 --threads 2 \
   --out $OUT/head-mtbench-t06 -m dyspec:budget=16 -m sequoia:budget=16

@@ -1,6 +1,7 @@
 """Offline tools: they run for minutes, write files, and never run inside a generation step.
 
 `calibrate` (Sequoia's acceptance vector and costs), `c2t` (training the C2T
-classifier), `distill` (training a draft model) and `draft_quality` (teacher-forced
-draft statistics). Nothing in the engine, the drafters or the builders imports them.
+classifier), `distill` (training a draft model), `draft_quality` (teacher-forced
+draft statistics), and for the draft head `head_data` (the target's answers with its
+features), `train_head` and `head_quality`. Nothing in the engine, the drafters or the builders imports them.
 """
