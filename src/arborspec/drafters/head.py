@@ -36,16 +36,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
+from ..common.timing import clock
 from ..engine.contracts import Drafter
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
+from .model import tree_rows_allowed
 
 HEAD_FORMAT = "arborspec-draft-head"
 HEAD_VERSION = 1
@@ -97,17 +98,12 @@ class DraftHead(nn.Module):
     def refresh_lm_rows(self) -> None:
         """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the head's cheap logits)."""
         lm = self._target[1]
-        w = lm.weight.detach().index_select(0, self.vocab_ids.to(lm.weight.device))
-        b = None if getattr(lm, "bias", None) is None else lm.bias.detach().index_select(0, self.vocab_ids.to(lm.weight.device))
-        self._lm_w, self._lm_b = w, b
+        ids = self.vocab_ids.to(lm.weight.device)
+        bias = getattr(lm, "bias", None)
+        # derived from the target: non-persistent buffers (never saved, moved and cast with the head)
+        self.register_buffer("lm_rows", lm.weight.detach().index_select(0, ids), persistent=False)
+        self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids), persistent=False)
         self.full_vocab = self.vocab_ids.numel() == self.vocab_size
-
-    def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
-        self._lm_w = fn(self._lm_w) if hasattr(self, "_lm_w") else None
-        if getattr(self, "_lm_b", None) is not None:
-            self._lm_b = fn(self._lm_b)
-        return out
 
     # ------------------------------------------------------------------ forward
     def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
@@ -124,7 +120,7 @@ class DraftHead(nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only: [..., K]."""
-        return nn.functional.linear(hidden, self._lm_w.to(hidden.dtype), self._lm_b)
+        return nn.functional.linear(hidden, self.lm_rows, self.lm_bias)
 
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, V] float32 logits; tokens outside the draft vocabulary get -inf (draft probability 0)."""
@@ -219,7 +215,8 @@ class HeadDrafter(Drafter):
         self.cache = DynamicCache(config=self.head.body.config)
         self.feats: list[torch.Tensor] = []  # target features f_0, f_1, ... of committed tokens
         self.base = 0
-        self.pred: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}  # path -> (cache row, predicted feature)
+        self.rows: dict[tuple[int, ...], int] = {}  # token path from the root -> head cache row
+        self.pred: dict[tuple[int, ...], torch.Tensor] = {}  # token path -> predicted feature of that node
 
     def observe(self, features: torch.Tensor) -> None:
         if features.numel():
@@ -231,13 +228,11 @@ class HeadDrafter(Drafter):
 
     @torch.inference_mode()
     def _rows(self, tokens: list[int], feats: torch.Tensor, positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = clock()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).view(1, -1)
         hidden = self.head(ids, feats.unsqueeze(0), position_ids=pos, attention_mask=mask, past_key_values=self.cache)[0]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.forward_time += time.perf_counter() - t0
+        self.forward_time += clock(self.device) - t0
         self.forwards += 1
         return hidden
 
@@ -252,30 +247,22 @@ class HeadDrafter(Drafter):
         hidden = self._rows(committed[start:n], torch.stack(prev), list(range(start, n)), None)
         self.base = n
         root = hidden[-1]
-        self.pred = {(): (n - 1, root)}
+        self.rows, self.pred = {(): n - 1}, {(): root}
         return self.head.full_logits(root.unsqueeze(0))[0]
 
     def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
-        past, k = self.cache_len, len(nodes)
-        allowed = torch.zeros(k, past + k, dtype=torch.bool)
-        allowed[:, : self.base] = True
-        feats, positions, paths = [], [], []
-        for row, node in enumerate(nodes):
-            path = tuple(tree.path_tokens(node))
-            for d in range(1, len(path)):
-                allowed[row, self.pred[path[:d]][0]] = True  # KeyError = contract broken (ancestor not expanded)
-            allowed[row, past + row] = True
-            feats.append(self.pred[path[:-1]][1])
-            positions.append(self.base - 1 + tree.depths[node])
-            paths.append(path)
+        past = self.cache_len
+        allowed, paths = tree_rows_allowed(tree, nodes, self.base, past, self.rows)
+        feats = [self.pred[path[:-1]] for path in paths]
+        positions = [self.base - 1 + tree.depths[n] for n in nodes]
         mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
         hidden = self._rows([tree.tokens[n] for n in nodes], torch.stack(feats), positions, mask)
         for row, path in enumerate(paths):
-            self.pred[path] = (past + row, hidden[row])
+            self.rows[path], self.pred[path] = past + row, hidden[row]
         return self.head.full_logits(hidden)
 
     def commit(self, tree: TokenTree, accepted: list[int]) -> None:
         drop = self.cache_len - self.base
         if drop > 0:
             self.cache.crop(-drop)
-        self.pred = {}
+        self.rows, self.pred = {}, {}

@@ -17,6 +17,24 @@ from ..engine.contracts import Drafter
 from ..engine.tree import TokenTree
 
 
+def tree_rows_allowed(tree: TokenTree, nodes: list[int], base: int, past: int,
+                      row_of: dict[tuple[int, ...], int]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    """Attention pattern of a draft cache forward feeding `nodes` as rows `past, past + 1, ...`.
+
+    Each row sees the committed rows `[0, base)`, the cache rows of its ancestors (`row_of`: token path
+    -> cache row, filled as nodes are fed) and itself. Returns `[K, past + K]` bool and the nodes' paths.
+    """
+    k = len(nodes)
+    allowed = torch.zeros(k, past + k, dtype=torch.bool)
+    allowed[:, :base] = True
+    paths = [tuple(tree.path_tokens(n)) for n in nodes]
+    for row, path in enumerate(paths):
+        for d in range(1, len(path)):
+            allowed[row, row_of[path[:d]]] = True  # KeyError here = contract broken (ancestor not expanded)
+        allowed[row, past + row] = True
+    return allowed, paths
+
+
 class ModelDrafter(Drafter):
     """A Hugging Face draft model with its own KV cache, fed depth by depth."""
 
@@ -47,14 +65,8 @@ class ModelDrafter(Drafter):
         return logits
 
     def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
-        past, k = self.lm.cache_len, len(nodes)
-        allowed = torch.zeros(k, past + k, dtype=torch.bool)
-        allowed[:, : self.base] = True
-        paths = [tuple(tree.path_tokens(n)) for n in nodes]
-        for row, path in enumerate(paths):
-            for d in range(1, len(path)):
-                allowed[row, self.slots[path[:d]]] = True  # KeyError here = contract broken (ancestor not expanded)
-            allowed[row, past + row] = True
+        past = self.lm.cache_len
+        allowed, paths = tree_rows_allowed(tree, nodes, self.base, past, self.slots)
         positions = [self.base - 1 + tree.depths[n] for n in nodes]
         t0 = clock()
         logits = self.lm.nodes_forward([tree.tokens[n] for n in nodes], positions, allowed)

@@ -17,6 +17,11 @@ from ..errors import ArborError
 from .tree import TokenTree, additive_mask
 
 
+def decoder_hidden(output) -> torch.Tensor:
+    """`[B, N, H]` last hidden states (after the final norm) from a decoder's forward output (tuple or ModelOutput)."""
+    return output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+
 class ModelAdapter:
     """Owns one model and its KV cache for one sequence (batch size 1)."""
 
@@ -45,8 +50,7 @@ class ModelAdapter:
             self._hook, self.last_hidden = None, None
 
     def _keep_hidden(self, module, args, output) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
-        self.last_hidden = hidden[0]
+        self.last_hidden = decoder_hidden(output)[0]
 
     # ------------------------------------------------------------------ state
     @property

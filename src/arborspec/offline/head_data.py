@@ -40,6 +40,7 @@ import torch
 
 from ..common.chat import encode_prompt, eos_ids
 from ..common.progress import progress_bar
+from ..engine.adapter import decoder_hidden
 from ..errors import ArborError
 from .generation import cut_at_eos, left_padded, pad_token_id
 
@@ -172,8 +173,7 @@ class FeatureRecorder:
         self.handle = model.get_decoder().register_forward_hook(self._hook)
 
     def _hook(self, module, args, output) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
-        self.chunks.append(hidden.detach())
+        self.chunks.append(decoder_hidden(output).detach())
 
     def take(self) -> torch.Tensor:
         out = torch.cat(self.chunks, dim=1)

@@ -19,11 +19,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from ..common.timing import median_seconds
 from .draft_quality import forward_time, humaneval_prompts, mtbench_first_turns
 from ..drafters.head import DraftHead, load_head
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data
@@ -40,15 +40,12 @@ def head_forward_time(head: DraftHead, cache_len: int, reps: int, seed: int = 0)
     head(torch.randint(3, 1000, (1, cache_len), generator=g), torch.randn(1, cache_len, h, generator=g), past_key_values=cache)
     tok, feat = torch.tensor([[5]]), torch.randn(1, 1, h, generator=g)
     pos = torch.tensor([[cache_len]])
-    times = []
-    for i in range(reps + 3):
-        t = time.perf_counter()
+
+    def one_row() -> None:  # one new row, draft-vocabulary logits included, then back to the same cache
         head.full_logits(head(tok, feat, position_ids=pos, past_key_values=cache)[0])
-        dt = time.perf_counter() - t
         cache.crop(-1)
-        if i >= 3:
-            times.append(dt)
-    return statistics.median(times)
+
+    return median_seconds(one_row, reps, warmup=3)
 
 
 @torch.inference_mode()
@@ -122,6 +119,7 @@ def main(argv=None) -> int:
 
     res = measure(str(resolve_head_dir(a.head)), a.target, work_dir=a.work_dir, n_mtbench=a.n_mtbench,
                   n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
+    res["head"] = a.head  # the name the user gave (the resolved path depends on the install)
     text = json.dumps(res, indent=2)
     if a.out:
         Path(a.out).write_text(text + "\n")
