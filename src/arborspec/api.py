@@ -32,7 +32,7 @@ class SpeculativeGenerator:
     """A loaded pair + a tree method; `generate()` returns a `GenerationResult` with per-step statistics."""
 
     def __init__(self, target: str = EMBEDDED_TARGET, draft: str | None = None, method: str = DEFAULT_METHOD,
-                 device: str = "cpu", dtype: str = "float32", verifier: str | None = None, budget: int | None = None,
+                 device: str = "cpu", dtype: str = "float32", verifier: str | None = None, budget: int | str | None = None,
                  reorder_dfs: bool = False, pair: ModelPair | None = None, **method_params: Any) -> None:
         if budget is None and not method_params:
             budget = DEFAULT_BUDGET
@@ -45,21 +45,26 @@ class SpeculativeGenerator:
     def tokenizer(self):
         return self.pair.tokenizer
 
-    def _config(self, max_new_tokens, do_sample, temperature, top_k, top_p, seed) -> DecodeConfig:
-        return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling_config(do_sample, temperature, top_k, top_p),
+    def _config(self, max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature=None) -> DecodeConfig:
+        return DecodeConfig(max_new_tokens=max_new_tokens,
+                            sampling=sampling_config(do_sample, temperature, top_k, top_p, draft_temperature),
                             seed=seed, eos_token_ids=eos_ids(self.tokenizer, self.pair.target.model))
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = True,
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+                 on_tokens: TokenCallback | None = None, draft_temperature: float | None = None) -> GenerationResult:
+        """`draft_temperature`: the draft side's temperature when greedy (None: the measured default);
+        it changes speed only, never the output."""
         ids = encode_prompt(self.tokenizer, prompt, chat)
-        result = self.decoder.generate(ids, self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed), on_tokens)
+        cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature)
+        result = self.decoder.generate(ids, cfg, on_tokens)
         result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         return result
 
     def generate_autoregressive(self, prompt: str | list[int], max_new_tokens: int = 128, do_sample: bool = False,
                                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                                chat: bool = True, on_tokens: TokenCallback | None = None) -> GenerationResult:
+                                chat: bool = True, on_tokens: TokenCallback | None = None,
+                                draft_temperature: float | None = None) -> GenerationResult:
         """The plain baseline through the same adapter (same model, same prompt encoding)."""
         ids = encode_prompt(self.tokenizer, prompt, chat)
         result = autoregressive_generate(self.pair.target, ids, self._config(max_new_tokens, do_sample, temperature,

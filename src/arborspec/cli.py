@@ -75,13 +75,14 @@ class _Streamer:
 def generate(
     prompt: str = typer.Argument(..., help="the prompt (the chat template is applied for instruct models)"),
     method: str = typer.Option("dyspec", "--method", "-m", help="tree builder; see `arborspec methods`"),
-    budget: Optional[int] = typer.Option(None, "--budget", "-b", help="tree size (draft nodes per step)"),
+    budget: Optional[str] = typer.Option(None, "--budget", "-b", help="tree size (draft nodes per step), or auto: sized per step by the measured cost curve (dyspec, dyspec-threshold, opt-tree)"),
     param: list[str] = typer.Option([], "--param", "-p", help="builder parameter name=value (repeatable)"),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="override the verifier (lossy pairings are refused)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples"),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
+    draft_temperature: Optional[float] = typer.Option(None, "--draft-temperature", help="draft-side temperature when the target is greedy (default: the measured best); never changes the output"),
     seed: int = typer.Option(0, "--seed"),
     target: str = TargetOpt,
     draft: Optional[str] = DraftOpt,
@@ -93,15 +94,16 @@ def generate(
 ) -> None:
     """Generate a continuation with speculative decoding, streaming the text and printing statistics."""
     from .api import SpeculativeGenerator
-    from .builders import parse_params
+    from .builders import parse_budget, parse_params
     from .engine.sampling import SamplingConfig
 
-    SamplingConfig(temperature, top_k, top_p)  # validate before loading models
+    SamplingConfig(temperature, top_k, top_p, draft_temperature)  # validate before loading models
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
-                               budget=budget, reorder_dfs=reorder_dfs, **parse_params(param))
-    sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               budget=parse_budget(budget), reorder_dfs=reorder_dfs, **parse_params(param))
+    sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
+                    draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
     err.print(f"[dim]target {gen.pair.target_name} | draft {gen.pair.draft_name} | {gen.builder.describe()}[/]")
     result = gen.generate(prompt, on_tokens=_Streamer(gen.tokenizer), **sampling)
@@ -243,6 +245,7 @@ def bench(
     no_chat: bool = typer.Option(False, "--no-chat"),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
+    draft_temperature: Optional[float] = typer.Option(None, "--draft-temperature", help="draft-side temperature at temperature 0 (default: the measured best)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
 ) -> None:
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
@@ -253,7 +256,8 @@ def bench(
                       num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                       seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
                       warmup=warmup, out_dir=out_dir, resume=resume, compare_hf_assisted=compare_hf_assisted,
-                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, threads=threads)
+                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
+                      threads=threads)
     err.print(f"results: {run_bench(cfg)}", highlight=False)
 
 

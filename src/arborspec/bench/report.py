@@ -23,7 +23,8 @@ SCHEMA_VERSION = 1
 HF_GENERATE = "hf-generate"
 HF_ASSISTED = "hf-assisted"
 PLOTS = ("accepted_length_vs_budget.png", "speedup_vs_budget.png", "accepted_length_vs_temperature.png",
-         "estimated_vs_actual.png", "acceptance_vs_draft_prob.png", "time_split.png")
+         "estimated_vs_actual.png", "acceptance_vs_draft_prob.png", "time_split.png", "tree_sizes.png",
+         "cost_curve.png")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -244,6 +245,42 @@ def plot_time_split(summaries: list[MethodSummary], runs: list[dict], path: Path
     _save(plt, fig, path)
 
 
+def plot_tree_sizes(summaries: list[MethodSummary], runs: list[dict], path: Path) -> None:
+    """How many draft nodes each method verified per step (a fixed budget is one bar; budget=auto a spread)."""
+    temps = sorted({s.temperature for s in summaries})
+    plt, fig, axes = _figure(len(temps))
+    for ax, t in zip(axes, temps):
+        sizes = defaultdict(list)
+        for r in runs:
+            if float(r["temperature"]) == t and r["steps"].get("tree_size"):
+                sizes[r["method"]] += r["steps"]["tree_size"]
+        labels = [s.method for s in summaries if s.temperature == t and s.method in sizes]
+        if labels:
+            ax.boxplot([sizes[m] for m in labels], whis=(5, 95), showfliers=False)
+            ax.set_xticks(range(1, len(labels) + 1), labels, rotation=60, ha="right", fontsize=6)
+        else:
+            _no_data(ax, "tree steps")
+        ax.set(title=f"temperature {t:g}", ylabel="draft nodes per step (5-95 %)")
+    _save(plt, fig, path)
+
+
+def plot_cost_curve(headers: list[dict], paths: list[str | Path], path: Path) -> None:
+    """The measured t(n)/t(1) of each results file (what budget=auto divided by)."""
+    plt, fig, axes = _figure(1)
+    ax = axes[0]
+    curves = [(p, h["cost_curve"]) for p, h in zip(paths, headers) if h.get("cost_curve")]
+    for p, c in curves:
+        ax.plot(c["tokens"], c["relative"], marker="o",
+                label=f"{Path(p).parent.name or p}: t(1) = {1000 * c['one_token_s']:.1f} ms, draft {c['draft_cost']:.3f}")
+    if curves:
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    else:
+        _no_data(ax, "cost curve")
+    ax.set(xlabel="rows in the target forward (tree nodes + root)", ylabel="t(n) / t(1)", title="measured cost curve")
+    _save(plt, fig, path)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     """Tables + plots from saved results; returns the path of `report.md`."""
@@ -260,12 +297,22 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     plot_estimated_vs_actual(runs, out / PLOTS[3])
     plot_acceptance_vs_prob(runs, out / PLOTS[4])
     plot_time_split(summaries, runs, out / PLOTS[5])
+    plot_tree_sizes(summaries, runs, out / PLOTS[6])
+    plot_cost_curve(headers, list(results_paths), out / PLOTS[7])
     lines = ["# arborspec benchmark", "", *_describe_headers(headers, list(results_paths)), "",
              "Accepted length = tokens committed per target forward, bonus included; tree size = draft nodes "
              "verified per step (root excluded); speedup = total baseline seconds per token / total method seconds "
              "per token over the same runs (prefill included); time split = share of per-step time.", ""]
     for t in sorted({s.temperature for s in summaries}):
         lines += [f"## Temperature {t:g}", "", markdown_table([s for s in summaries if s.temperature == t]), ""]
+    curves = [(p, h["cost_curve"]) for p, h in zip(results_paths, headers) if h.get("cost_curve")]
+    if curves:
+        lines += ["## Cost curve", "", "t(n)/t(1): one target forward over n rows relative to one row, measured at the "
+                  "start of the run; draft = one draft forward / t(1).", ""]
+        for p, c in curves:
+            pts = ", ".join(f"{n}: {r:.2f}" for n, r in zip(c["tokens"], c["relative"]))
+            lines.append(f"* `{p}`: t(1) = {1000 * c['one_token_s']:.1f} ms; {pts}; draft {c['draft_cost']:.3f}")
+        lines.append("")
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]
     lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]

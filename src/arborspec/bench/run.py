@@ -41,6 +41,7 @@ from ..common.provenance import machine_info, utc_timestamp, versions
 from ..common.timing import clock
 from ..drafters import ModelDrafter
 from ..engine.contracts import TreeBuilder
+from ..engine.cost import cost_curve_for
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError
@@ -76,6 +77,7 @@ class BenchConfig:
     chat: bool = True
     top_k: int = 0
     top_p: float = 1.0
+    draft_temperature: float | None = None  # draft side at temperature 0 (None: the measured default)
     threads: int | None = None  # torch threads (None = leave torch's default)
 
     def validate(self) -> None:
@@ -94,7 +96,7 @@ class BenchConfig:
             raise ArborError(f"turns must be 1 or 2, got {self.turns}")
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
-        SamplingConfig(max(self.temperatures), self.top_k, self.top_p)  # one-line errors for bad top-k / top-p
+        SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)  # one-line errors
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -273,7 +275,7 @@ class _Runner:
         return [BASELINE] + [m.label for m in self.methods] + self.hf
 
     def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
-        sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p)
+        sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.draft_temperature)
         return DecodeConfig(max_new_tokens=max_new_tokens or self.cfg.max_new_tokens, sampling=sampling, seed=seed,
                             eos_token_ids=self.eos)
 
@@ -390,6 +392,7 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
     record = {"kind": "header", "schema": SCHEMA_VERSION, "config": cfg.to_json(), "methods": methods,
               "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
               "target": runner.pair.target_name, "draft": runner.pair.draft_name,
+              "cost_curve": cost_curve_for(runner.pair.target, runner.pair.drafter).as_dict(),
               "timestamp": utc_timestamp()}
     if cfg.compare_hf_assisted:
         record["notes"] = [_hf_note(runner)["text"]]

@@ -30,7 +30,10 @@ that samples (chain, Sequoia), so all of them estimate values the same way
 (docs/algorithms.md §3).
 
 Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
-and `topk` (draws per node; None: as many as the budget allows).
+and `topk` (draws per node; None: as many as the budget allows). With
+`auto=true` (`budget=auto`) the budget is a cap and each tree is cut to the size
+with the best expected tokens per unit of step time (builders/auto_size.py); the
+greedy variant also stops growing once no larger tree can win.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
+from .auto_size import auto_subtree, cannot_improve
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -62,6 +66,21 @@ class _DySpecSize:
     budget: int
     max_depth: int | None
     topk: int | None
+    auto: bool
+
+    @property
+    def needs_cost(self) -> bool:
+        return self.auto
+
+    def _require_cost(self, ctx: DraftContext) -> None:
+        if ctx.cost is None:
+            raise ArborError(f"{self.name} with auto=true needs the measured cost curve: run it through the decoder "
+                             "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
+
+    def _auto_prune(self, ctx: DraftContext, tree: TokenTree) -> TokenTree:
+        """budget=auto: keep the best-rate prefix of the tree (builders/auto_size.py)."""
+        self._require_cost(ctx)
+        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
@@ -74,8 +93,9 @@ class _DySpecSize:
 @register
 @dataclass(kw_only=True)
 class DySpecBuilder(_DySpecSize, TreeBuilder):
-    budget: int = 32
+    budget: int = 32  # with auto: the largest tree considered
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
+    auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
@@ -88,6 +108,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         draws: dict[int, DrawSequence] = {}
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
+        if self.auto:
+            self._require_cost(ctx)
+            expected, best_rate = 1.0, 1.0 / ctx.cost.step_cost(0, ctx.drafter.forwards)
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
@@ -100,7 +123,15 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 heapq.heappush(heap, Slot(-value, next(counter), slot.parent, slot.k + 1))
             if tree.depths[node] < self.depth_limit:  # first child of the new node
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
-        return tree
+            if self.auto and heap:
+                # stop growing once no larger tree can beat the best rate so far: every node still
+                # to come is worth at most the best slot left (slot values only fall)
+                expected += tree.values[node]
+                forwards = ctx.drafter.forwards
+                best_rate = max(best_rate, expected / ctx.cost.step_cost(tree.size, forwards))
+                if cannot_improve(expected, tree.size, -heap[0].neg_value, self.budget, ctx.cost, forwards, best_rate):
+                    break
+        return self._auto_prune(ctx, tree) if self.auto else tree
 
     def _forward(self, ctx: DraftContext, tree: TokenTree, heap: list[Slot], node: int,
                  draws: dict[int, DrawSequence]) -> None:
@@ -123,6 +154,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
 class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
     budget: int = 64  # node cap
     threshold: float = 0.03  # given a budget and no threshold: 1 / budget
+    auto: bool = False  # budget=auto: prune each tree to its best-rate prefix (builders/auto_size.py)
     name = "dyspec-threshold"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 2)"
@@ -148,7 +180,7 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
                 break
             ctx.probs(tree, expand)  # one batched draft forward per layer
             layer = self._grow_layer(ctx, tree, expand)
-        return tree
+        return self._auto_prune(ctx, tree) if self.auto else tree
 
     def _grow_layer(self, ctx: DraftContext, tree: TokenTree, expand: list[int]) -> list[int]:
         """Draw every slot of `expand` with value >= threshold; if the node cap would be

@@ -17,6 +17,9 @@ One saving over the paper, exact for the result: a new layer node that is not
 in the tree's current top n is not forwarded (the top-n bar only rises and its
 descendants score lower still), so wide layers cost fewer draft rows.
 
+With `auto=true` (`budget=auto`) the budget is a cap and the kept top-n is cut to the n
+with the best expected tokens per unit of step time (builders/auto_size.py).
+
 Children are *selected* by their own probability, not sampled: verify with
 `greedy` at temperature 0 and `sample-match` above (the engine enforces it,
 docs/algorithms.md §2). `grow()` also returns the E(A) history of the layers.
@@ -36,6 +39,7 @@ import torch
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import ChildrenMode, TokenTree
 from ..errors import ArborError
+from .auto_size import auto_subtree
 from .base import require_positive, top_children
 from .registry import register
 
@@ -47,11 +51,8 @@ def rank_nodes(tree: TokenTree) -> list[int]:
 
 def top_subtree(tree: TokenTree, n: int, children_mode: ChildrenMode = "selected") -> TokenTree:
     """A new tree with the n best-ranked nodes of `tree` (a valid subtree; sibling order kept)."""
-    keep = sorted(rank_nodes(tree)[:n])  # original order: parents before children
-    out = TokenTree.from_root(tree.tokens[0], children_mode)
-    new_of = {0: 0}
-    for i in keep:
-        new_of[i] = out.add(new_of[tree.parents[i]], tree.tokens[i], tree.values[i], tree.draft_probs[i])
+    out = tree.subtree(rank_nodes(tree)[:n])
+    out.children_mode = children_mode
     return out
 
 
@@ -79,6 +80,7 @@ class OptTreeBuilder(TreeBuilder):
     budget: int = 32  # n: nodes kept, and layer width
     max_depth: int = 12
     delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
+    auto: bool = False  # budget=auto: keep the best-rate top-n, n <= budget (builders/auto_size.py)
     name = "opt-tree"
     children_mode = "selected"
     paper = "Wang et al. 2024, OPT-Tree (Alg. 1, Thm. 3.1-3.2)"
@@ -88,8 +90,16 @@ class OptTreeBuilder(TreeBuilder):
         if self.delta < 0:
             raise ArborError(f"delta must be >= 0, got {self.delta}")
 
+    @property
+    def needs_cost(self) -> bool:
+        return self.auto
+
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        return self.grow(ctx, root_token).tree
+        if self.auto and ctx.cost is None:
+            raise ArborError("opt-tree with auto=true needs the measured cost curve: run it through the decoder "
+                             "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
+        tree = self.grow(ctx, root_token).tree
+        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards) if self.auto else tree
 
     def grow(self, ctx: DraftContext, root_token: int) -> OptTreeResult:
         work = TokenTree.from_root(root_token, self.children_mode)

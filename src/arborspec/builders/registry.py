@@ -45,6 +45,11 @@ def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBui
     unknown = sorted(set(params) - set(parameter_names(cls)))
     if unknown:
         raise ArborError(f"method {name!r} has no parameter {unknown[0]!r}: it takes {', '.join(parameter_names(cls))}")
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        if "auto" not in parameter_names(cls):
+            raise ArborError(f"method {name!r} has no budget=auto (it is offered by dyspec, dyspec-threshold and "
+                             "opt-tree): give an integer budget")
+        budget, params = None, {**params, "auto": True}
     if budget is not None:
         if not isinstance(budget, int) or budget < 1:
             raise ArborError(f"budget (tree size) must be an integer >= 1, got {budget!r}")
@@ -59,6 +64,16 @@ def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBui
         return cls.from_params(**resolved)
     except TypeError as exc:
         raise ArborError(f"bad parameters for {name!r}: {exc}") from None
+
+
+def parse_budget(raw: str | int | None) -> int | str | None:
+    """A budget as typed by a user: an integer, or `auto`."""
+    if raw is None or isinstance(raw, int):
+        return raw
+    value = _coerce(str(raw).strip())
+    if isinstance(value, int) or value == "auto":
+        return value
+    raise ArborError(f"budget must be an integer >= 1 or auto, got {raw!r}")
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

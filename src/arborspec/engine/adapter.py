@@ -49,6 +49,10 @@ class ModelAdapter:
             self._hook.remove()
             self._hook, self.last_hidden = None, None
 
+    @property
+    def capturing(self) -> bool:
+        return self._hook is not None
+
     def _keep_hidden(self, module, args, output) -> None:
         self.last_hidden = decoder_hidden(output)[0]
 

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from .cost import CostCurve
 from .sampling import SamplingConfig, gumbel_like, probs_from_logits
 from .tree import ChildrenMode, TokenTree
 
@@ -79,8 +80,10 @@ class DraftContext:
     threshold variants comparable).
     """
 
-    def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor):
+    def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor,
+                 cost: CostCurve | None = None):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
+        self.cost = cost  # the measured step cost curve, for builders that size trees by it (budget=auto)
         self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
         self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
         self.vocab_size = root_logits.shape[-1]
@@ -128,6 +131,12 @@ class TreeBuilder(ABC):
     @abstractmethod
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         """Grow a tree rooted at `root_token` from the draft distributions in `ctx`."""
+
+    @property
+    def needs_cost(self) -> bool:
+        """True when `build` sizes the tree by the measured cost curve (`budget=auto`): the engine then
+        passes it in the `DraftContext`."""
+        return False
 
     @property
     def depth_limit(self) -> int:

@@ -24,6 +24,7 @@ from ..common.vocab import check_vocab_size
 from ..errors import ArborError
 from .adapter import ModelAdapter
 from .contracts import DraftContext, Drafter, TreeBuilder
+from .cost import CostCurve, cost_curve_for
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationResult, StepStats
@@ -80,9 +81,12 @@ class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False) -> None:
+                 reorder_dfs: bool = False, cost: CostCurve | None = None) -> None:
+        """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
+        on first use (once per process, `engine/cost.cost_curve_for`)."""
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
+        self.cost = cost
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
 
@@ -95,6 +99,9 @@ class SpeculativeDecoder:
         draft_cfg = cfg.sampling.draft_side()
         gen = torch.Generator(device=self.target.device).manual_seed(cfg.seed)
 
+        cost = None
+        if self.builder.needs_cost:
+            cost = self.cost = self.cost or cost_curve_for(self.target, self.drafter)
         self.target.reset()
         self.drafter.reset()
         features = self.drafter.uses_target_features
@@ -111,7 +118,7 @@ class SpeculativeDecoder:
         while stop is None:
             t0 = clock(self.target.device)
             root_logits = self.drafter.begin(committed)
-            ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits)
+            ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost)
             tree = self.builder.build(ctx, committed[-1])
             if self.reorder_dfs:
                 tree = tree.permuted(dfs_order(tree))

@@ -7,8 +7,10 @@ means greedy: the target distribution is one-hot at the argmax.
 
 At target temperature 0 the draft side still needs a real distribution to
 build a tree from (a one-hot draft can only ever propose a chain), so
-`draft_side()` uses temperature 1 there; greedy verification is lossless for
-any tree, so this choice changes speed only, never the output.
+`draft_side()` uses `draft_temperature` there (default `GREEDY_DRAFT_TEMPERATURE`,
+the measured best, docs/algorithms.md §7); greedy verification is lossless for
+any tree, so this choice changes speed only, never the output. Above
+temperature 0 the draft side uses the target's own transform.
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ import torch
 
 from ..errors import ArborError
 
+GREEDY_DRAFT_TEMPERATURE = 1.0  # draft-side temperature at target temperature 0 (docs/algorithms.md §7)
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
+    draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE)
 
     def __post_init__(self) -> None:
+        if self.draft_temperature is not None and not self.draft_temperature > 0:
+            raise ArborError(f"draft temperature must be > 0 (a greedy draft only proposes chains), got {self.draft_temperature}")
         if not self.temperature >= 0:
             raise ArborError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -40,17 +47,20 @@ class SamplingConfig:
 
     def draft_side(self) -> "SamplingConfig":
         """The transform applied to draft logits (see module docstring)."""
-        return replace(self, temperature=1.0) if self.greedy else self
+        if not self.greedy:
+            return self
+        return replace(self, temperature=self.draft_temperature or GREEDY_DRAFT_TEMPERATURE, draft_temperature=None)
 
 
-def sampling_config(do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> SamplingConfig:
+def sampling_config(do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                    draft_temperature: float | None = None) -> SamplingConfig:
     """From `transformers.generate`-style arguments: `do_sample=False` is greedy whatever the temperature;
-    temperature 0 is greedy too."""
+    temperature 0 is greedy too. `draft_temperature` is the draft side's at temperature 0."""
     if temperature is not None and temperature < 0:
         raise ArborError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if not do_sample or temperature == 0:
-        return SamplingConfig(0.0, top_k, top_p)
-    return SamplingConfig(temperature, top_k, top_p)
+        return SamplingConfig(0.0, top_k, top_p, draft_temperature)
+    return SamplingConfig(temperature, top_k, top_p, draft_temperature)
 
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -124,7 +124,23 @@ class TokenTree:
             if self.children_mode != "with_replacement":
                 assert len(set(toks)) == len(toks), f"node {node} has duplicate children {toks}"
 
-    # ------------------------------------------------------------------ reordering
+    # ------------------------------------------------------------------ subtrees and reordering
+    def subtree(self, keep: list[int]) -> "TokenTree":
+        """A new tree of the root and the nodes `keep` (each node's parent must be kept too).
+
+        Node order, sibling order and the recorded draft distributions are kept, so a
+        sampled tree stays verifiable as long as each node keeps a *prefix* of its draws.
+        """
+        keep = sorted(set(keep) - {0})
+        out = TokenTree.from_root(self.tokens[0], self.children_mode)
+        new_of = {0: 0}
+        for i in keep:
+            if self.parents[i] not in new_of:
+                raise ValueError(f"node {i} is kept without its parent {self.parents[i]}")
+            new_of[i] = out.add(new_of[self.parents[i]], self.tokens[i], self.values[i], self.draft_probs[i])
+        out.child_dists = {new_of[n]: d for n, d in self.child_dists.items() if n in new_of and out.children[new_of[n]]}
+        return out
+
     def permuted(self, order: list[int]) -> "TokenTree":
         """A copy with nodes renumbered so that new node k is old node `order[k]`.
 

@@ -25,7 +25,6 @@ builder and verified with `rejection` (without replacement).
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,10 +36,10 @@ from ..common.chat import encode_prompt, eos_ids
 from ..common.jsonfiles import read_json_file
 from ..common.progress import progress_enumerate
 from ..common.provenance import machine_info, utc_timestamp
-from ..common.timing import clock, median_seconds
 from ..common.vocab import check_vocab_size
 from ..engine.adapter import ModelAdapter
 from ..engine.contracts import Drafter
+from ..engine.cost import CostCurve, measure_cost_curve
 from ..engine.decode import DecodeConfig, autoregressive_generate
 from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from ..engine.tree import TokenTree
@@ -90,17 +89,13 @@ class Calibration:
     format: str = CALIBRATION_FORMAT
     first_child_stderr: float = 0.0
 
+    @property
+    def cost(self) -> CostCurve:
+        return CostCurve(tuple(self.time_tokens), tuple(self.time_relative), self.time_one_token_s, self.draft_cost)
+
     def t(self, tokens: int) -> float:
-        """Relative target forward time for `tokens` new tokens (linear interpolation, linear extrapolation)."""
-        xs, ys = self.time_tokens, self.time_relative
-        if tokens <= xs[0]:
-            return ys[0]
-        for i in range(1, len(xs)):
-            if tokens <= xs[i]:
-                w = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
-                return ys[i - 1] + w * (ys[i] - ys[i - 1])
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-        return ys[-1] + slope * (tokens - xs[-1])
+        """Relative target forward time for `tokens` new tokens (the engine's `CostCurve.t`)."""
+        return self.cost.t(tokens)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1))
@@ -171,44 +166,9 @@ def measure_acceptance(
 
 
 # ---------------------------------------------------------------------------- costs
-def measure_target_times(target_model, cfg: CalibrationConfig, context: list[int]) -> tuple[list[int], list[float], float]:
-    """t(k) for k = 1, 2, 4, ..., max_tree_tokens: a k-node tree forward over a cache of `context`."""
-    target = ModelAdapter(target_model)
-    target.reset()
-    target.prefill(torch.tensor(context))
-    past = target.cache_len
-    sizes = sorted({1 << i for i in range(cfg.max_tree_tokens.bit_length()) if 1 << i <= cfg.max_tree_tokens}
-                   | {cfg.max_tree_tokens})
-    seconds = []
-    for k in sizes:
-        tree = TokenTree.from_root(context[-1])
-        for j in range(k - 1):  # a star: shape does not change the cost of a dense-masked forward
-            tree.add(0, (context[j % len(context)] + j) % target.vocab_size)
-
-        def run(tree=tree):
-            target.tree_forward(tree)
-            clock(target.device)  # wait for the device before the crop
-            target.crop_to(past)
-
-        seconds.append(median_seconds(run, cfg.timing_repeats, warmup=1))
-    return sizes, [s / seconds[0] for s in seconds], seconds[0]
-
-
-def measure_draft_cost(drafter: Drafter, context: list[int], repeats: int) -> float:
-    """Seconds of one draft forward feeding one new token after `context` (median over `repeats`)."""
-    drafter.reset()
-    drafter.begin(context[:-repeats - 1])
-    times = []
-    for j in range(repeats):
-        t0 = clock()
-        drafter.begin(context[: len(context) - repeats + j])
-        times.append(clock() - t0)
-    return statistics.median(times)
-
-
-def timing_context(vocab_size: int, length: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab_size, (length,), generator=gen).tolist()
+def timing_sizes(max_tree_tokens: int) -> list[int]:
+    """k = 1, 2, 4, ... up to `max_tree_tokens` (and it)."""
+    return sorted({1 << i for i in range(max_tree_tokens.bit_length()) if 1 << i <= max_tree_tokens} | {max_tree_tokens})
 
 
 # ---------------------------------------------------------------------------- entry points
@@ -225,14 +185,14 @@ def calibrate_models(
         raise ArborError("no calibration prompts")
     acceptance, positions, trials = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress)
     vocab = drafter.vocab_size
-    context = timing_context(vocab, cfg.timing_context + cfg.timing_repeats + 2, cfg.seed)
-    tokens, relative, one = measure_target_times(target_model, cfg, context[: cfg.timing_context])
-    draft_seconds = measure_draft_cost(drafter, context, cfg.timing_repeats)
+    curve = measure_cost_curve(ModelAdapter(target_model), drafter, cfg.timing_context,
+                               timing_sizes(cfg.max_tree_tokens), cfg.timing_repeats, cfg.seed)
+    tokens, relative, one = list(curve.tokens), list(curve.relative), curve.one_token_s
     p1 = acceptance[0]
     return Calibration(
         target=target_name, draft=draft_name, vocab_size=vocab, sampling=asdict(cfg.sampling),
         acceptance=acceptance, positions=positions, trials=trials, time_tokens=tokens, time_relative=relative,
-        time_one_token_s=one, draft_cost=draft_seconds / one, prompts_source=prompts_source, config=asdict(cfg),
+        time_one_token_s=one, draft_cost=curve.draft_cost, prompts_source=prompts_source, config=asdict(cfg),
         machine=machine_info(target_model.device), created=utc_timestamp(),
         first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
     )

@@ -1,0 +1,78 @@
+"""`budget=auto`: the tree size that maximises expected accepted tokens per unit of step time.
+
+A step that verifies a tree of n draft nodes costs, in units of one plain target
+forward, `t(n + 1) + f * c` (the measured cost curve `engine/cost.CostCurve`: n nodes
+plus the root, and f draft forwards of relative cost c) and is expected to commit
+`E[A](n) = 1 + sum of the values of its n nodes` tokens (the builder's own estimate,
+bonus included). `budget=auto` keeps the n, up to the builder's `budget` (now a cap),
+that maximises the rate `E[A](n) / (t(n + 1) + f * c)` (docs/algorithms.md §7).
+
+Which n nodes: the best-ranked ones, in an order in which every node comes after its
+parent and after its earlier siblings, so every prefix is a tree the builder's verifier
+accepts as is:
+
+* selected trees (OPT-Tree): value (path probability) descending, then depth, then index;
+* sampled trees (DySpec): the probability that the verifier *looks at* the node
+  (its slot value: parent value x draft mass not drawn before it) descending, then
+  index. A node keeps a prefix of its draws, as the rejection verifier requires.
+
+The size never changes what the verifier does with a tree, so `budget=auto` is as
+lossless as the builder (greedy identity and distribution tests cover it).
+"""
+
+from __future__ import annotations
+
+from ..engine.cost import CostCurve
+from ..engine.tree import TokenTree
+
+
+def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
+    """The n in 0..len(gains) maximising `(1 + sum(gains[:n])) / cost.step_cost(n, draft_forwards)`
+    (`gains` in ranking order; the smallest such n on ties)."""
+    best_n, best_rate, expected = 0, 1.0 / cost.step_cost(0, draft_forwards), 1.0
+    for n, gain in enumerate(gains, start=1):
+        expected += gain
+        rate = expected / cost.step_cost(n, draft_forwards)
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
+
+
+def cannot_improve(expected: float, size: int, bound: float, cap: int, cost: CostCurve, draft_forwards: int,
+                   best_rate: float) -> bool:
+    """True when no tree grown further (sizes size+1 .. cap) can beat `best_rate`, given that every node
+    still to come is worth at most `bound` and at least `draft_forwards` draft forwards are paid."""
+    for m in range(size + 1, cap + 1):
+        if (expected + (m - size) * bound) / cost.step_cost(m, draft_forwards) > best_rate:
+            return False
+    return True
+
+
+def slot_values(tree: TokenTree) -> list[float]:
+    """Per node, the estimated probability that the verifier examines it: parent value x draft mass
+    not drawn before it (root: 1). For a sampled tree this never grows along a path or a sibling list."""
+    out = [1.0] * tree.num_nodes
+    for parent, kids in enumerate(tree.children):
+        drawn = 0.0
+        for kid in kids:
+            out[kid] = tree.values[parent] * max(0.0, 1.0 - drawn)
+            drawn += tree.draft_probs[kid]
+    return out
+
+
+def ranking(tree: TokenTree) -> list[int]:
+    """Non-root nodes in an order where every prefix is a valid tree for the tree's verifier (see module doc)."""
+    nodes = range(1, tree.num_nodes)
+    if tree.children_mode == "selected":
+        return sorted(nodes, key=lambda i: (-tree.values[i], tree.depths[i], i))
+    slots = slot_values(tree)
+    return sorted(nodes, key=lambda i: (-slots[i], i))
+
+
+def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int) -> TokenTree:
+    """The best-rate prefix of `tree`'s ranking (see `best_size`)."""
+    order = ranking(tree)
+    n = best_size([tree.values[i] for i in order], cost, draft_forwards)
+    if n == len(order):
+        return tree
+    return tree.subtree(order[:n])

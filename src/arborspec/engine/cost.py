@@ -1,0 +1,136 @@
+"""The measured cost curve of a step: `t(n)`, one target forward over n tree rows, relative to one row.
+
+A speculative step costs `t(n)` for verifying a tree of n rows (root included) plus
+the draft's forwards, and gets back the accepted length. On a CPU `t(n)/t(1)` is far
+from linear (docs/algorithms.md §7): the first extra row is the expensive one. The
+`CostCurve` is what `budget=auto` (builders/auto_size.py) divides by, what Sequoia's
+offline sizing uses (offline/calibrate.py), and what `arborspec bench` records in its
+results header.
+
+`measure_cost_curve` times star-shaped trees (the shape does not change the cost of a
+dense-masked forward) over a cache of random tokens, and one draft forward of one new
+token. `cost_curve_for` measures once per process and (model, drafter, device, dtype),
+then serves the cached curve. (`drafter` arguments are `engine.contracts.Drafter`s; this
+module does not import the contracts, which import it.)
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..common.timing import clock, median_seconds
+from .adapter import ModelAdapter
+from .tree import TokenTree
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    tokens: tuple[int, ...]        # n at which t was measured (rows of the forward, root included)
+    relative: tuple[float, ...]    # t(n) / t(1)
+    one_token_s: float             # t(1) in seconds
+    draft_cost: float = 0.0        # one draft forward (one new token) / t(1)
+    context: int = 0               # cache length of the timing forwards
+
+    def t(self, rows: int) -> float:
+        """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond."""
+        xs, ys = self.tokens, self.relative
+        if rows <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if rows <= xs[i]:
+                w = (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + w * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (rows - xs[-1])
+
+    def step_cost(self, tree_size: int, draft_forwards: int) -> float:
+        """One step in units of t(1): verify `tree_size` draft nodes + the root, plus the draft forwards."""
+        return self.t(tree_size + 1) + draft_forwards * self.draft_cost
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostCurve":
+        return cls(tuple(int(x) for x in data["tokens"]), tuple(float(y) for y in data["relative"]),
+                   float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)))
+
+
+def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (length,), generator=gen).tolist()
+
+
+def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT_SIZES,
+                         repeats: int = 5) -> tuple[list[int], list[float], float]:
+    """t(k) for each k in `sizes`: a k-row tree forward over a cache of `context`; returns (sizes, t(k)/t(1), t(1) s)."""
+    sizes = sorted(set(sizes) | {1})
+    target.reset()
+    target.prefill(torch.tensor(context))
+    past = target.cache_len
+    seconds = []
+    for k in sizes:
+        tree = TokenTree.from_root(context[-1])
+        for j in range(k - 1):  # a star: shape does not change the cost of a dense-masked forward
+            tree.add(0, (context[j % len(context)] + j) % target.vocab_size)
+
+        def run(tree=tree):
+            target.tree_forward(tree)
+            clock(target.device)  # wait for the device before the crop
+            target.crop_to(past)
+
+        seconds.append(median_seconds(run, repeats, warmup=1))
+    target.reset()
+    return sizes, [s / seconds[0] for s in seconds], seconds[0]
+
+
+def measure_draft_seconds(drafter, context: list[int], repeats: int, target: ModelAdapter | None = None) -> float:
+    """Seconds of one draft forward feeding one new token after `context` (median over `repeats`).
+
+    A drafter that reads target features (a draft head) first observes the target's
+    features of `context`, from one forward of `target`.
+    """
+    drafter.reset()
+    if drafter.uses_target_features:
+        if target is None:
+            raise ValueError("a drafter that reads target features needs the target to time it")
+        was_capturing = target.capturing
+        target.capture_hidden(True)
+        target.reset()
+        target.forward(torch.tensor(context))
+        drafter.observe(target.last_hidden)
+        target.reset()
+        target.capture_hidden(was_capturing)
+    drafter.begin(context[:-repeats - 1])
+    times = []
+    for j in range(repeats):
+        t0 = clock()
+        drafter.begin(context[: len(context) - repeats + j])
+        times.append(clock() - t0)
+    drafter.reset()
+    return statistics.median(times)
+
+
+def measure_cost_curve(target: ModelAdapter, drafter=None, context_len: int = 128,
+                       sizes=DEFAULT_SIZES, repeats: int = 5, seed: int = 0) -> CostCurve:
+    """Time the target over trees of `sizes` rows (and one draft forward) after a random context."""
+    context = random_context(target.vocab_size, context_len + repeats + 2, seed)
+    tokens, relative, one = measure_target_times(target, context[:context_len], sizes, repeats)
+    draft = measure_draft_seconds(drafter, context, repeats, target) / one if drafter is not None else 0.0
+    return CostCurve(tuple(tokens), tuple(relative), one, draft, context_len)
+
+
+_CACHE: dict[tuple, CostCurve] = {}
+
+
+def cost_curve_for(target: ModelAdapter, drafter=None) -> CostCurve:
+    """The cost curve of this target (and drafter), measured on first use in this process."""
+    key = (id(target.model), id(drafter), str(target.device), str(target.dtype))
+    if key not in _CACHE:
+        _CACHE[key] = measure_cost_curve(target, drafter)
+    return _CACHE[key]

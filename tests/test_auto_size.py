@@ -1,0 +1,192 @@
+"""budget=auto (builders/auto_size.py), the cost curve (engine/cost.py) and the draft-side temperature at T = 0.
+
+Exact values on small cases, the prefix property the verifiers rely on, and losslessness:
+greedy identity with plain decoding and the target's distribution when sampling.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from arborspec.builders.auto_size import auto_subtree, best_size, cannot_improve, ranking, slot_values
+from arborspec.builders.registry import make_builder, parse_budget
+from arborspec.drafters import ModelDrafter, NgramDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.cost import CostCurve, measure_cost_curve
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.sampling import GREEDY_DRAFT_TEMPERATURE, SamplingConfig, sampling_config
+from arborspec.errors import ArborError
+
+from conftest import TableDrafter, random_table, table_ctx
+from test_lossless import PROMPTS, exact_first_two, first_two_tv, hf_greedy
+
+AUTO_BUILDERS = ["dyspec", "dyspec-threshold", "opt-tree"]
+# a CPU-like curve (the first extra row is the expensive one) and a steep one (big trees never pay)
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.6, 1.7, 1.8, 1.9, 2.5, 3.5), 0.05, 0.05)
+STEEP = CostCurve((1, 2, 4, 8), (1.0, 1.5, 2.5, 4.5), 0.05, 0.0)
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    c = CostCurve((1, 2, 4), (1.0, 1.5, 2.5), 0.01, 0.1)
+    assert c.t(1) == 1.0 and c.t(2) == 1.5 and c.t(3) == 2.0 and c.t(4) == 2.5
+    assert c.t(6) == pytest.approx(3.5)  # slope 0.5 per row beyond the last point
+    assert c.step_cost(2, 3) == pytest.approx(2.0 + 0.3)  # 2 nodes + root = 3 rows, 3 draft forwards
+    assert CostCurve.from_dict(c.as_dict()) == c
+
+
+def test_best_size_exact():
+    # rates: n=0: 1/1; n=1: 1.9/1.5; n=2: 2.5/2.0; n=3: 2.6/2.5
+    assert best_size([0.9, 0.6, 0.1], STEEP, 0) == 1
+    assert best_size([0.2], STEEP, 0) == 0  # 1.2 / 1.5 < 1: the root alone (plain decoding) is best
+    # flat curve: 1 node: 1.9/1.6 = 1.1875; 3 nodes: 2.5/1.7 = 1.47; 7 nodes: 1 + 0.9 + 0.6 + 5 * 0.2 = 3.5 / 1.8
+    assert best_size([0.9, 0.6, 0.2, 0.2, 0.2, 0.2, 0.2], FLAT.__class__(FLAT.tokens, FLAT.relative, 0.05, 0.0), 0) == 7
+
+
+def test_cannot_improve_agrees_with_brute_force():
+    for expected, size, bound, forwards in itertools.product((1.5, 2.0, 3.0), (1, 3, 6), (0.01, 0.1, 0.4), (0, 2)):
+        best = max(expected / FLAT.step_cost(size, forwards), 1.0)
+        brute = all((expected + (m - size) * bound) / FLAT.step_cost(m, forwards) <= best for m in range(size + 1, 17))
+        assert cannot_improve(expected, size, bound, 16, FLAT, forwards, best) == brute
+
+
+def _dyspec_tree(seed, budget, name="dyspec"):
+    drafter = TableDrafter(random_table(12, seed, power=2.0), 12)
+    return make_builder(name, budget=budget).build(table_ctx(drafter, seed), 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranking_prefixes_are_valid_verifier_trees(seed):
+    tree = _dyspec_tree(seed, 20, "dyspec-threshold")
+    slots = slot_values(tree)
+    order = ranking(tree)
+    for n in range(len(order) + 1):
+        sub = tree.subtree(order[:n])
+        sub.validate()
+        kept = set(order[:n])
+        for node, kids in enumerate(tree.children):
+            if node == 0 or node in kept:
+                flags = [k in kept for k in kids]
+                assert flags == sorted(flags, reverse=True), "a node must keep a prefix of its draws"
+        for parent, dist in sub.child_dists.items():
+            assert sub.children[parent]  # only parents that kept a child keep their distribution
+    assert all(slots[tree.parents[i]] >= slots[i] for i in range(1, tree.num_nodes) if tree.parents[i] > 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_dyspec_auto_is_a_prefix_of_the_fixed_tree(seed):
+    drafter = TableDrafter(random_table(12, seed, power=2.0), 12)
+    full = make_builder("dyspec", budget=24).build(table_ctx(drafter, seed), 0)
+    ctx = table_ctx(TableDrafter(random_table(12, seed, power=2.0), 12), seed)
+    ctx.cost = FLAT
+    auto = make_builder("dyspec", budget=24, auto=True).build(ctx, 0)
+    n = auto.num_nodes
+    assert 1 <= n <= full.num_nodes
+    assert auto.tokens == full.tokens[:n] and auto.parents == full.parents[:n]
+    # the kept size is the best-rate one among all prefixes of the full tree
+    rates = [(1 + sum(full.values[1:k + 1])) / FLAT.step_cost(k, ctx.drafter.forwards) for k in range(full.size + 1)]
+    assert rates[auto.size] == pytest.approx(max(rates[: auto.size + 1]))
+
+
+def test_auto_needs_a_cost_curve_and_a_builder_that_offers_it():
+    drafter = TableDrafter(random_table(12, 0), 12)
+    with pytest.raises(ArborError, match="cost curve"):
+        make_builder("dyspec", budget="auto").build(table_ctx(drafter), 0)
+    with pytest.raises(ArborError, match="budget=auto"):
+        make_builder("sequoia", budget="auto")
+    with pytest.raises(ArborError, match="integer >= 1 or auto"):
+        parse_budget("big")
+    assert parse_budget("auto") == "auto" and parse_budget("12") == 12
+
+
+def test_auto_subtree_keeps_everything_on_a_free_curve():
+    tree = _dyspec_tree(1, 10)
+    free = CostCurve((1, 64), (1.0, 1.0), 0.01, 0.0)
+    assert auto_subtree(tree, free, 3) is tree
+    assert auto_subtree(tree, STEEP, 0).size < tree.size
+
+
+@pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("name", AUTO_BUILDERS)
+def test_auto_greedy_matches_plain_decoding(tiny_pair, name, drafter_kind, curve):
+    target, draft = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
+    drafter = ModelDrafter(draft) if drafter_kind == "model" else NgramDrafter(target.config.vocab_size)
+    dec = SpeculativeDecoder(ModelAdapter(target), drafter, make_builder(name, budget="auto"), cost=curve)
+    sizes = []
+    for prompt in PROMPTS:
+        spec = dec.generate(prompt, cfg)
+        assert spec.output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+        assert spec.output_ids == hf_greedy(target, prompt, 24)
+        sizes += [s.tree_size for s in spec.steps]
+    assert max(sizes) <= dec.builder.budget
+
+
+def test_auto_measures_the_cost_curve_once(tiny_pair):
+    target, draft = tiny_pair
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"))
+    cfg = DecodeConfig(max_new_tokens=8)
+    assert dec.generate(PROMPTS[0], cfg).output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
+    curve = dec.cost
+    assert curve is not None and curve.relative[0] == 1.0 and curve.one_token_s > 0 and curve.draft_cost > 0
+    dec.generate(PROMPTS[1], cfg)
+    assert dec.cost is curve
+
+
+@pytest.mark.parametrize("name", ["dyspec", "dyspec-threshold"])
+def test_auto_sampling_follows_target_distribution(small_vocab_pair, name):
+    target, draft = small_vocab_pair
+    cfg = SamplingConfig(0.8, top_p=0.95)
+    prompt = [3, 7, 1, 12]
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget="auto"), cost=FLAT)
+    tv1, tv2 = first_two_tv(dec, prompt, cfg, p1, p2, 600)
+    assert tv1 < 0.1 and tv2 < 0.1, (tv1, tv2)
+
+
+def test_measure_cost_curve_on_a_tiny_model(tiny_pair):
+    target, draft = tiny_pair
+    curve = measure_cost_curve(ModelAdapter(target), ModelDrafter(draft), context_len=16, sizes=(1, 4, 8), repeats=2)
+    assert curve.tokens == (1, 4, 8) and curve.relative[0] == 1.0
+    assert all(r > 0 for r in curve.relative) and curve.draft_cost > 0 and curve.context == 16
+
+
+# --------------------------------------------------------------------------- draft temperature at T = 0
+def test_draft_temperature_is_the_draft_side_at_greedy_only():
+    assert SamplingConfig(0.0).draft_side().temperature == GREEDY_DRAFT_TEMPERATURE
+    assert SamplingConfig(0.0, draft_temperature=0.4).draft_side().temperature == 0.4
+    assert SamplingConfig(0.7, draft_temperature=0.4).draft_side() == SamplingConfig(0.7, draft_temperature=0.4)
+    assert sampling_config(False, 1.0, draft_temperature=0.3).draft_side().temperature == 0.3
+    with pytest.raises(ArborError, match="draft temperature must be > 0"):
+        SamplingConfig(0.0, draft_temperature=0.0)
+
+
+@pytest.mark.parametrize("name", ["dyspec", "sequoia", "specinfer"])
+def test_draft_temperature_keeps_greedy_identity_and_changes_the_tree(tiny_pair, name):
+    target, draft = tiny_pair
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=8))
+    base = autoregressive_generate(ModelAdapter(target), PROMPTS[0], DecodeConfig(max_new_tokens=20)).output_ids
+    depths = {}
+    for temp in (0.2, 1.0, 3.0):
+        cfg = DecodeConfig(max_new_tokens=20, sampling=SamplingConfig(0.0, draft_temperature=temp))
+        res = dec.generate(PROMPTS[0], cfg)
+        assert res.output_ids == base, (name, temp)
+        depths[temp] = [s.estimated_length for s in res.steps]
+    assert depths[0.2] != depths[3.0]  # the draft side really changed
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    from conftest import perturbed_copy, tiny_llama
+
+    target = tiny_llama(5, vocab=16, hidden=32, init=0.4)
+    return target, perturbed_copy(target, 6, 0.5)
+
+
+def test_auto_subtree_never_grows_estimated_length_per_cost_below_the_fixed_tree():
+    tree = _dyspec_tree(3, 30)
+    auto = auto_subtree(tree, FLAT, 2)
+    rate = lambda t: t.estimated_accept_length() / FLAT.step_cost(t.size, 2)  # noqa: E731
+    assert rate(auto) >= rate(tree) - 1e-12
+    assert torch.isfinite(torch.tensor(rate(auto)))
