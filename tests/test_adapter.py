@@ -32,6 +32,43 @@ def test_tree_forward_matches_plain_forward(tiny_pair):
         assert torch.allclose(logits[node], ref, atol=1e-4), node
 
 
+def test_lazy_tree_logits_compute_only_the_rows_read(tiny_pair):
+    from arborspec.engine.lm_head import LazyLogits
+
+    target, _ = tiny_pair
+    prefix = [3, 14, 15, 9, 26, 5]
+    tree = TokenTree.from_root(prefix[-1])
+    a = tree.add(0, 11)
+    tree.add(0, 12)
+    tree.add(a, 13)
+    lm = ModelAdapter(target)
+    assert lm.head.supported
+    lm.prefill(torch.tensor(prefix[:-1]))
+    lazy = lm.tree_forward(tree, lazy=True)
+    assert isinstance(lazy, LazyLogits) and lazy.shape == (4, target.config.vocab_size) and lazy.computed == 0
+    for node in (0, a, -1):
+        ref = plain_logits(target, prefix + tree.path_tokens(node % tree.num_nodes))
+        assert torch.allclose(lazy[node], ref, atol=1e-4), node
+    assert lazy.computed == 3 and lazy[a] is lazy[a]
+
+
+def test_heads_with_logit_transforms_use_the_models_own_logits(tiny_pair):
+    from arborspec.engine.lm_head import HeadRows
+
+    target, _ = tiny_pair
+    assert HeadRows(target).supported
+    target.config.final_logit_softcapping = 30.0
+    try:
+        lm = ModelAdapter(target)
+        assert not lm.head.supported
+        lm.prefill(torch.tensor([3, 4]))
+        tree = TokenTree.from_root(5)
+        tree.add(0, 6)
+        assert torch.is_tensor(lm.tree_forward(tree, lazy=True))  # eager: the model computes its logits
+    finally:
+        target.config.final_logit_softcapping = None
+
+
 def test_compaction_keeps_the_path(tiny_pair):
     target, _ = tiny_pair
     lm = ModelAdapter(target)

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import ArborError
+from .lm_head import HeadRows, LazyLogits
 from .tree import TokenTree, additive_mask
 
 
@@ -35,6 +36,7 @@ class ModelAdapter:
         self.cache = DynamicCache(config=model.config)
         self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
         self._hook = None
+        self.head = HeadRows(model)  # logits from hidden rows (engine/lm_head.py); else the model's own logits
 
     # ------------------------------------------------------------------ features
     def capture_hidden(self, on: bool = True) -> None:
@@ -73,31 +75,47 @@ class ModelAdapter:
         mask: torch.Tensor | None = None,  # [1, 1, N, P + N] additive, model dtype
         logits_rows: torch.Tensor | None = None,  # [K] rows to run the LM head on (None = all)
     ) -> torch.Tensor:  # [K, V] float32
+        if self.head.supported:
+            hidden = self.hidden_forward(input_ids, position_ids, mask)
+            return self.head.logits(hidden if logits_rows is None else hidden[logits_rows.to(self.device)])
         ids = input_ids.to(self.device).view(1, -1)
-        past = self.cache_len
-        if position_ids is None:
-            position_ids = torch.arange(past, past + ids.shape[1], device=self.device).unsqueeze(0)
         keep = 0 if logits_rows is None else logits_rows.to(self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids.to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self._check_cache_layout()
         return out.logits[0].float()
+
+    @torch.inference_mode()
+    def hidden_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> torch.Tensor:  # [N, H]
+        """The decoder alone (no LM head): last hidden states of the fed tokens, cache extended."""
+        ids = input_ids.to(self.device).view(1, -1)
+        out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
+                                       past_key_values=self.cache, use_cache=True)
+        self._check_cache_layout()
+        return decoder_hidden(out)[0]
+
+    def _positions(self, ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        if position_ids is None:
+            past = self.cache_len
+            position_ids = torch.arange(past, past + ids.shape[1], device=self.device).unsqueeze(0)
+        return position_ids.to(self.device)
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a plain (causal) chunk after the cache; return the last row's logits `[V]`."""
         return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))[-1]
 
-    def tree_forward(self, tree: TokenTree) -> torch.Tensor:  # [N, V]
-        """Feed every tree node (root first) with tree attention; return logits for all nodes."""
+    def tree_forward(self, tree: TokenTree, lazy: bool = False) -> torch.Tensor | LazyLogits:  # [N, V]
+        """Feed every tree node (root first) with tree attention; return logits for all nodes.
+
+        `lazy`: return `LazyLogits`, whose rows are computed when the verifier reads them
+        (only the rows on its walk); plain tensor logits where the model's head does not allow it.
+        """
         past = self.cache_len
         mask = tree.attention_mask(past, self.dtype, self.device)
         ids = torch.tensor(tree.tokens, dtype=torch.long)
+        if lazy and self.head.supported:
+            return LazyLogits(self.hidden_forward(ids, tree.position_ids(past, self.device), mask), self.head)
         return self.forward(ids, tree.position_ids(past, self.device), mask)
 
     def nodes_forward(

@@ -124,7 +124,7 @@ class SpeculativeDecoder:
                 tree = tree.permuted(dfs_order(tree))
             t1 = clock(self.target.device)
             past = self.target.cache_len
-            logits = self.target.tree_forward(tree)  # [N, V]
+            logits = self.target.tree_forward(tree, lazy=True)  # [N, V], rows computed as the verifier reads them
             t2 = clock(self.target.device)
             result = verify(tree, logits, cfg.sampling, gen)
             new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)

@@ -1,0 +1,80 @@
+"""The target's LM head, run by the adapter itself: fast single rows, and rows on demand for the verifier.
+
+Why (docs/algorithms.md §7, "Cheaper verification"): the LM head (vocabulary x hidden)
+is the largest matrix of a small model. On CPU, `F.linear` on one row goes through a
+matrix-matrix kernel that is about twice as slow as the matrix-vector product
+`W @ h` (7.5 vs 3.6 ms for SmolLM2's 49152 x 576 head on 2 cores), and a tree
+forward pays it for every node although a verifier only reads the rows on the path
+it walks (accepted length + 1 of them). So the adapter runs the model's *decoder*,
+and this module turns hidden rows into logits:
+
+* `HeadRows.logits(hidden)`: one row by the matrix-vector product, several rows by
+  `F.linear` (same weights, same float32 math up to summation order);
+* `LazyLogits`: indexable like a `[N, V]` logits tensor; row i is computed on first
+  access and kept. The verifiers only ever index single rows.
+
+Plain decoding (the baseline) goes through the same single-row product, so every
+speedup is measured against a baseline that got the same improvement.
+
+Only heads whose logits are exactly `lm_head(hidden)` qualify (an `nn.Linear`, no
+final soft-capping or logit scaling in the model's config); for anything else
+`HeadRows.supported` is False and the adapter asks the model for its logits as before.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# config attributes that make a causal LM's logits differ from lm_head(hidden)
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+class HeadRows:
+    """Logits from last hidden states with the model's own (unmodified) LM head weights."""
+
+    def __init__(self, model) -> None:
+        head = model.get_output_embeddings()
+        self.supported = type(head) is torch.nn.Linear and not any(
+            getattr(model.config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
+        self.weight = head.weight if self.supported else None
+        self.bias = head.bias if self.supported else None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[K, H]` hidden -> `[K, V]` float32 logits."""
+        if hidden.shape[0] == 1:
+            out = torch.mm(self.weight, hidden.T).T  # matrix-vector kernel
+            if self.bias is not None:
+                out = out + self.bias
+        else:
+            out = F.linear(hidden, self.weight, self.bias)
+        return out.float()
+
+
+class LazyLogits:
+    """`[N, V]` logits of a tree forward, computed row by row on first access (`logits[i]` -> `[V]`)."""
+
+    def __init__(self, hidden: torch.Tensor, head: HeadRows) -> None:
+        self.hidden, self.head = hidden, head  # hidden: [N, H]
+        self.rows: dict[int, torch.Tensor] = {}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.hidden.shape[0], self.head.weight.shape[0])
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    @torch.inference_mode()
+    def __getitem__(self, i: int) -> torch.Tensor:
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if i not in self.rows:
+            self.rows[i] = self.head.logits(self.hidden[i: i + 1])[0]
+        return self.rows[i]
+
+    @property
+    def computed(self) -> int:
+        """Rows computed so far (the verifier's walk)."""
+        return len(self.rows)
