@@ -147,6 +147,21 @@ def test_head_round_trips_through_save_and_load(target, trained_head, tmp_path):
     assert torch.equal(head.vocab_ids, loaded.vocab_ids)
 
 
+def test_training_can_start_from_an_exported_head(target, trained_head, tmp_path):
+    from dataclasses import replace
+
+    head, info, _, seqs, cfg, _ = trained_head
+    head.save(tmp_path / "start", "tiny", target)
+    again = replace(cfg, out=str(tmp_path / "out"), work_dir=str(tmp_path / "w"), epochs=0.01,
+                    init_from=str(tmp_path / "start"))
+    warm, warm_info = train(again, target, seqs, seqs, progress=False)
+    cold, cold_info = train(replace(again, init_from=""), target, seqs, seqs, progress=False)
+    # one step on top of the trained weights stays far better than one step from the target's last layer
+    assert warm_info["history"][-1]["top1_depth1"] > cold_info["history"][-1]["top1_depth1"] + 0.2
+    with pytest.raises(ArborError, match="not a draft head directory"):
+        train(replace(again, init_from=str(tmp_path)), target, seqs, seqs, progress=False)
+
+
 def test_head_for_another_target_or_vocabulary_is_refused(target, trained_head, tmp_path):
     trained_head[0].save(tmp_path, "tiny", target)
     with pytest.raises(ArborError, match="another target"):

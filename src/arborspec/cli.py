@@ -331,6 +331,7 @@ def train_head(
     ttt_steps: int = typer.Option(2, "--ttt-steps", help="training-time-test passes (1 = plain EAGLE training)"),
     train_time_budget_s: float = typer.Option(0.0, "--train-time-budget-s", help="stop training after this (0 = no limit)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint (data always resumes)"),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="start from an exported head's weights (e.g. to continue on more data with a new schedule)"),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch's default)"),
     device: str = DeviceOpt,
     seed: int = typer.Option(0, "--seed"),
@@ -353,7 +354,8 @@ def train_head(
                           batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s)
     cfg = HeadTrainConfig(target=target, out=str(out), work_dir=str(work_dir or ""), data=data, skip_data=skip_data,
                           draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
-                          time_budget_s=train_time_budget_s, resume=resume, seed=seed, device=device)
+                          time_budget_s=train_time_budget_s, resume=resume, init_from=str(init_from or ""), seed=seed,
+                          device=device)
     path = run(cfg)
     err.print(f"head written to {path}; use it with --draft {path}", highlight=False)
 

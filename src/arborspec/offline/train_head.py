@@ -63,6 +63,7 @@ class HeadTrainConfig:
     ckpt_every: int = 200
     time_budget_s: float = 0.0          # stop training after this long (then export); 0: no limit
     resume: bool = False
+    init_from: str = ""                 # start from this exported head's weights (fresh optimiser and schedule)
     seed: int = 0
     device: str = "cpu"
 
@@ -227,6 +228,17 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
         vocab_ids = torch.sort(torch.argsort(freq, descending=True)[: cfg.draft_vocab]).values
     head = DraftHead(target_model, vocab_ids=vocab_ids)
     head.init_from_target(target_model)
+    if cfg.init_from and not (cfg.resume and (cfg.work_path / "checkpoint" / "ckpt.pt").is_file()):
+        from safetensors.torch import load_file
+
+        from ..drafters.head import WEIGHTS_FILE, read_head_config
+
+        read_head_config(cfg.init_from)  # one-line error if it is not a head directory
+        state = load_file(str(Path(cfg.init_from) / WEIGHTS_FILE))
+        state["vocab_ids"] = head.vocab_ids  # the draft vocabulary follows this run's data
+        head.load_state_dict(state)
+        head.refresh_lm_rows()
+        print(f"arborspec: starting from the weights of {cfg.init_from}", file=sys.stderr)
     head.train()
     params = [p for n, p in head.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
