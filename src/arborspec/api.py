@@ -17,7 +17,7 @@ from .builders import make_builder
 from .common.chat import encode_prompt, eos_ids
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
-from .engine.stats import GenerationResult
+from .engine.stats import GenerationInterrupted, GenerationResult
 from .models import EMBEDDED_TARGET, ModelPair, check_same_vocabulary, default_draft, load_pair
 
 # Re-exported: the names API users have imported from here.
@@ -57,7 +57,11 @@ class SpeculativeGenerator:
         it changes speed only, never the output."""
         ids = encode_prompt(self.tokenizer, prompt, chat)
         cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature)
-        result = self.decoder.generate(ids, cfg, on_tokens)
+        try:
+            result = self.decoder.generate(ids, cfg, on_tokens)
+        except GenerationInterrupted as stopped:  # Ctrl-C: the partial result carries its text too
+            stopped.result.text = self.tokenizer.decode(stopped.result.output_ids, skip_special_tokens=True)
+            raise
         result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         return result
 

@@ -95,6 +95,7 @@ def generate(
     """Generate a continuation with speculative decoding, streaming the text and printing statistics."""
     from .api import SpeculativeGenerator
     from .builders import parse_budget, parse_params
+    from .engine.stats import GenerationInterrupted
     from .engine.sampling import SamplingConfig
 
     SamplingConfig(temperature, top_k, top_p, draft_temperature)  # validate before loading models
@@ -106,7 +107,12 @@ def generate(
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
     err.print(f"[dim]target {gen.pair.target_name} | draft {gen.pair.draft_name} | {gen.builder.describe()}[/]")
-    result = gen.generate(prompt, on_tokens=_Streamer(gen.tokenizer), **sampling)
+    try:
+        result = gen.generate(prompt, on_tokens=_Streamer(gen.tokenizer), **sampling)
+    except GenerationInterrupted as stopped:  # Ctrl-C: what was generated, with its statistics
+        sys.stdout.write("\n")
+        err.print(stopped.result.summary() + " (interrupted)", highlight=False)
+        raise typer.Exit(130) from None
     sys.stdout.write("\n")
     err.print(result.summary(), highlight=False)
     if compare_ar:

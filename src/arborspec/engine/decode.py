@@ -27,7 +27,7 @@ from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
-from .stats import GenerationResult, StepStats
+from .stats import GenerationInterrupted, GenerationResult, StepStats
 from .tree import TokenTree
 from .verifiers import VERIFIERS, VerifyResult, choose_verifier
 
@@ -99,9 +99,8 @@ class SpeculativeDecoder:
         draft_cfg = cfg.sampling.draft_side()
         gen = torch.Generator(device=self.target.device).manual_seed(cfg.seed)
 
-        cost = None
         if self.builder.needs_cost:
-            cost = self.cost = self.cost or cost_curve_for(self.target, self.drafter)
+            self.cost = self.cost or cost_curve_for(self.target, self.drafter)
         self.target.reset()
         self.drafter.reset()
         features = self.drafter.uses_target_features
@@ -110,46 +109,60 @@ class SpeculativeDecoder:
         out: list[int] = []
         steps: list[StepStats] = []
         t_start = clock(self.target.device)
-        if len(prompt_ids) > 1:
-            self.target.prefill(torch.tensor(prompt_ids[:-1]))
-            if features:
-                self.drafter.observe(self.target.last_hidden)
         stop = None
-        while stop is None:
-            t0 = clock(self.target.device)
-            root_logits = self.drafter.begin(committed)
-            ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost)
-            tree = self.builder.build(ctx, committed[-1])
-            if self.reorder_dfs:
-                tree = tree.permuted(dfs_order(tree))
-            t1 = clock(self.target.device)
-            past = self.target.cache_len
-            logits = self.target.tree_forward(tree, lazy=True)  # [N, V], rows computed as the verifier reads them
-            t2 = clock(self.target.device)
-            result = verify(tree, logits, cfg.sampling, gen)
-            new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
-            self.target.compact(past + 1, [past + n for n in result.accepted])
-            if features:  # the root's and the accepted nodes' features: exact target states, no draft error
-                self.drafter.observe(self.target.last_hidden[[0] + result.accepted])
-            self.drafter.commit(tree, result.accepted)
-            committed += new
-            out += new
-            if on_tokens is not None:
-                on_tokens(new)
-            t3 = clock(self.target.device)
-            kids, flags = examined_children(tree, result)
-            steps.append(StepStats(
-                accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
-                estimated_length=tree.estimated_accept_length(),
-                draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
-                verify_time=t2 - t1, other_time=t3 - t2, draft_forwards=self.drafter.forwards,
-                examined_draft_probs=[tree.draft_probs[k] for k in kids],
-                examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
-            ))
+        try:
+            if len(prompt_ids) > 1:
+                self.target.prefill(torch.tensor(prompt_ids[:-1]))
+                if features:
+                    self.drafter.observe(self.target.last_hidden)
+            while stop is None:
+                stop = self._step(committed, out, steps, cfg, draft_cfg, verify, gen, features, on_tokens)
+        except KeyboardInterrupt:
+            raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
+        return self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
+
+    def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
         wall = clock(self.target.device) - t_start
-        return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=out, steps=steps,
+        return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=list(out), steps=list(steps),
                                 wall_time=wall, stop_reason=stop,
                                 config={"builder": self.builder.describe(), "verifier": verifier_name})
+
+    def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
+              draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
+              on_tokens: TokenCallback | None) -> str | None:
+        """One speculative step (module docstring): extends `committed`, `out` and `steps`; returns the stop reason."""
+        cost = self.cost if self.builder.needs_cost else None
+        t0 = clock(self.target.device)
+        root_logits = self.drafter.begin(committed)
+        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost)
+        tree = self.builder.build(ctx, committed[-1])
+        if self.reorder_dfs:
+            tree = tree.permuted(dfs_order(tree))
+        t1 = clock(self.target.device)
+        past = self.target.cache_len
+        logits = self.target.tree_forward(tree, lazy=True)  # [N, V], rows computed as the verifier reads them
+        t2 = clock(self.target.device)
+        result = verify(tree, logits, cfg.sampling, gen)
+        new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
+        self.target.compact(past + 1, [past + n for n in result.accepted])
+        if features:  # the root's and the accepted nodes' features: exact target states, no draft error
+            self.drafter.observe(self.target.last_hidden[[0] + result.accepted])
+        self.drafter.commit(tree, result.accepted)
+        committed += new
+        out += new
+        if on_tokens is not None:
+            on_tokens(new)
+        t3 = clock(self.target.device)
+        kids, flags = examined_children(tree, result)
+        steps.append(StepStats(
+            accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
+            estimated_length=tree.estimated_accept_length(),
+            draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
+            verify_time=t2 - t1, other_time=t3 - t2, draft_forwards=self.drafter.forwards,
+            examined_draft_probs=[tree.draft_probs[k] for k in kids],
+            examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
+        ))
+        return stop
 
 
 def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: DecodeConfig,
@@ -161,20 +174,27 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
     out: list[int] = []
     steps: list[StepStats] = []
     t_start = clock(target.device)
-    logits = target.prefill(torch.tensor(prompt_ids))
     stop = None
-    while stop is None:
-        t0 = clock(target.device)
-        token = sample(probs_from_logits(logits, cfg.sampling), gen) if not cfg.sampling.greedy else int(logits.argmax())
-        new, stop = _finish([token], out, cfg)
-        out += new
-        if on_tokens is not None:
-            on_tokens(new)
-        if stop is None:
-            logits = target.prefill(torch.tensor([token]))
-        t1 = clock(target.device)
-        steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
-                               build_time=0.0, verify_time=t1 - t0, other_time=0.0))
-    wall = clock(target.device) - t_start
-    return GenerationResult(method="autoregressive", prompt_ids=list(prompt_ids), output_ids=out, steps=steps,
-                            wall_time=wall, stop_reason=stop, config={"builder": "autoregressive"})
+
+    def result(reason: str | None) -> GenerationResult:
+        return GenerationResult(method="autoregressive", prompt_ids=list(prompt_ids), output_ids=list(out),
+                                steps=list(steps), wall_time=clock(target.device) - t_start, stop_reason=reason,
+                                config={"builder": "autoregressive"})
+
+    try:
+        logits = target.prefill(torch.tensor(prompt_ids))
+        while stop is None:
+            t0 = clock(target.device)
+            token = sample(probs_from_logits(logits, cfg.sampling), gen) if not cfg.sampling.greedy else int(logits.argmax())
+            new, stop = _finish([token], out, cfg)
+            out += new
+            if on_tokens is not None:
+                on_tokens(new)
+            if stop is None:
+                logits = target.prefill(torch.tensor([token]))
+            t1 = clock(target.device)
+            steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
+                                   build_time=0.0, verify_time=t1 - t0, other_time=0.0))
+    except KeyboardInterrupt:
+        raise GenerationInterrupted(result("interrupted")) from None
+    return result(stop)

@@ -37,7 +37,7 @@ class GenerationResult:
     text: str = ""  # the decoded output, filled in by the API (the engine sees token ids only)
     steps: list[StepStats]
     wall_time: float  # seconds from the first forward to the last token, prefill included
-    stop_reason: str  # "eos" | "length"
+    stop_reason: str  # "eos" | "length" | "interrupted"
     config: dict = field(default_factory=dict)
 
     @property
@@ -72,3 +72,12 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a generation: still a `KeyboardInterrupt`, carrying what was generated so far
+    (`result`, stop reason "interrupted": every committed token and every finished step)."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        super().__init__("generation interrupted")
+        self.result = result

@@ -1,0 +1,72 @@
+"""Ctrl-C keeps what was generated: the decode loops raise `GenerationInterrupted` (a `KeyboardInterrupt`)
+carrying the partial result, and `arborspec generate` prints it with its statistics."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arborspec.builders.registry import make_builder
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.stats import GenerationInterrupted
+
+PROMPT = [5, 17, 33, 8, 9, 40]
+
+
+class StopAfter:
+    """An `on_tokens` callback that presses Ctrl-C on its `calls`-th call."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls, self.seen = calls, []
+
+    def __call__(self, new: list[int]) -> None:
+        self.seen += new
+        self.calls -= 1
+        if self.calls == 0:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "dyspec", "opt-tree"])
+def test_interrupted_generation_keeps_its_tokens_and_steps(tiny_pair, method):
+    target, draft = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=30)
+    full = autoregressive_generate(ModelAdapter(target), PROMPT, cfg).output_ids
+    stop = StopAfter(3)
+    with pytest.raises(KeyboardInterrupt) as info:  # still a KeyboardInterrupt for callers that only know that one
+        if method == "autoregressive":
+            autoregressive_generate(ModelAdapter(target), PROMPT, cfg, on_tokens=stop)
+        else:
+            dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(method, budget=8))
+            dec.generate(PROMPT, cfg, on_tokens=stop)
+    assert isinstance(info.value, GenerationInterrupted)
+    result = info.value.result
+    assert result.stop_reason == "interrupted" and result.output_ids == stop.seen
+    assert 3 <= len(result.output_ids) < 30 and result.output_ids == full[: len(result.output_ids)]
+    assert len(result.steps) == 2  # the third step was interrupted in its callback, after committing its tokens
+    assert result.wall_time > 0
+
+
+def test_ctrl_c_in_the_cli_prints_what_was_generated():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", "from arborspec.cli import app; app()", "generate",
+           "Write a very long story about a lighthouse keeper.", "-n", "2000", "--method", "dyspec"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=Path(__file__).resolve().parents[1])
+    os.set_blocking(proc.stdout.fileno(), False)
+    text, deadline = b"", time.time() + 240
+    while len(text.split()) < 5 and time.time() < deadline and proc.poll() is None:  # wait for some streamed words
+        time.sleep(0.2)
+        text += proc.stdout.read() or b""
+    assert proc.poll() is None, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGINT)
+    out, errs = proc.communicate(timeout=60)
+    errs = errs.decode()
+    assert proc.returncode == 130, errs
+    assert "(interrupted)" in errs and "tokens in" in errs and "tok/s" in errs, errs
+    assert "Traceback" not in errs
