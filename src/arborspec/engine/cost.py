@@ -8,8 +8,9 @@ offline sizing uses (offline/calibrate.py), and what `arborspec bench` records i
 results header.
 
 `measure_cost_curve` times star-shaped trees (the shape does not change the cost of a
-dense-masked forward) over a cache of random tokens, and one draft forward of one new
-token. `cost_curve_for` measures once per process and (model, drafter, device, dtype),
+dense-masked forward) over a cache of random tokens, the way a step runs them (the decoder
+on every row, the LM head on the rows the verifier reads: `READ_ROWS`), and one draft
+forward of one new token. `cost_curve_for` measures once per process and (model, drafter, device, dtype),
 then serves the cached curve. (`drafter` arguments are `engine.contracts.Drafter`s; this
 module does not import the contracts, which import it.)
 """
@@ -26,6 +27,7 @@ from .adapter import ModelAdapter
 from .tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+READ_ROWS = 2  # LM-head rows a timed tree forward computes: a verifier reads accepted length of them (~2 here)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT
             tree.add(0, (context[j % len(context)] + j) % target.vocab_size)
 
         def run(tree=tree):
-            target.tree_forward(tree)
+            logits = target.tree_forward(tree, lazy=True)
+            for row in range(min(READ_ROWS, tree.num_nodes)):  # the rows a verifier reads (engine/lm_head.py)
+                logits[row]
             clock(target.device)  # wait for the device before the crop
             target.crop_to(past)
 
