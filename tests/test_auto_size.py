@@ -190,3 +190,34 @@ def test_auto_subtree_never_grows_estimated_length_per_cost_below_the_fixed_tree
     rate = lambda t: t.estimated_accept_length() / FLAT.step_cost(t.size, 2)  # noqa: E731
     assert rate(auto) >= rate(tree) - 1e-12
     assert torch.isfinite(torch.tensor(rate(auto)))
+
+
+# --------------------------------------------------------------------------- the online acceptance model
+def test_acceptance_model_starts_at_face_value_and_learns_exact_rates():
+    from arborspec.engine.acceptance import AcceptanceModel
+
+    model = AcceptanceModel(prior=4.0)
+    assert model.rate(0.3) == pytest.approx(0.3)
+    model.update([0.3] * 6 + [0.95] * 2, [True, False, False, False, False, False, True, True])
+    assert model.rate(0.3) == pytest.approx((1 + 4 * 0.3) / (6 + 4))  # bucket (0.2, 0.35]
+    assert model.rate(0.25) == pytest.approx((1 + 4 * 0.25) / (6 + 4))  # same bucket, own prior
+    assert model.rate(0.95) == pytest.approx((2 + 4 * 0.95) / (2 + 4))
+    tree = _dyspec_tree(2, 6)
+    values = model.node_values(tree)
+    for i in range(1, tree.num_nodes):
+        assert values[i] == pytest.approx(values[tree.parents[i]] * model.rate(tree.draft_probs[i]))
+    assert model.expected_length(tree) == pytest.approx(sum(values))
+
+
+def test_the_decoder_learns_acceptance_and_records_the_calibrated_estimate(tiny_pair):
+    target, _ = tiny_pair
+    # the n-gram drafter is far too sure of itself: the calibrated estimate must end closer to the truth
+    dec = SpeculativeDecoder(ModelAdapter(target), NgramDrafter(target.config.vocab_size),
+                             make_builder("dyspec", budget="auto"), cost=FLAT)
+    res = dec.generate(PROMPTS[1], DecodeConfig(max_new_tokens=60))
+    late = res.steps[len(res.steps) // 2:]
+    actual = sum(s.accepted_length for s in late) / len(late)
+    raw = sum(s.estimated_length for s in late) / len(late)
+    calibrated = sum(s.calibrated_length for s in late) / len(late)
+    assert abs(calibrated - actual) < abs(raw - actual), (raw, calibrated, actual)
+    assert sum(dec.acceptance.examined) == sum(len(s.examined_accepted) for s in res.steps)

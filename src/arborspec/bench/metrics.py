@@ -40,6 +40,7 @@ class MethodSummary:
     total_candidate_tokens: int  # sum of tree sizes: target positions spent on draft tokens
     mean_depth: float | None
     mean_estimated_length: float | None  # the builder's own E[accepted length], per step
+    mean_calibrated_length: float | None  # the same under the online acceptance model (engine/acceptance.py)
     tokens_per_second: float
     latency_per_token_ms: float
     speedup: float | None  # ratio of totals vs the baseline on the same runs
@@ -105,6 +106,7 @@ def summarize_method(runs: list[dict], baseline_runs: list[dict]) -> MethodSumma
         mean_tree_size=_mean(sizes), total_candidate_tokens=sum(sizes),
         mean_depth=_mean(_column(runs, "tree_depth")),
         mean_estimated_length=None if first["method"] == BASELINE else _mean(_column(runs, "estimated_length")),
+        mean_calibrated_length=None if first["method"] == BASELINE else _mean(_column(runs, "calibrated_length")),
         tokens_per_second=tokens / wall if wall > 0 else 0.0,
         latency_per_token_ms=1000 * wall / tokens if tokens else 0.0,
         speedup=speedup,
@@ -144,10 +146,13 @@ def acceptance_by_draft_prob(records: list[dict], bins: int = 10) -> tuple[list[
     return centres, [h / c if c else None for h, c in zip(hits, counts)], counts
 
 
-def estimated_vs_actual(records: list[dict]) -> tuple[list[float], list[int]]:
-    """Per step: (the builder's estimated accepted length, the actual one) — OPT-Tree Fig. 5."""
+def estimated_vs_actual(records: list[dict], field: str = "estimated_length") -> tuple[list[float], list[int]]:
+    """Per step: (an estimated accepted length, the actual one) — OPT-Tree Fig. 5. `field`: the builder's
+    own estimate, or "calibrated_length" (the online acceptance model's; absent in older results)."""
     est, act = [], []
     for r in records:
-        est += r["steps"].get("estimated_length", [])
-        act += r["steps"].get("accepted_length", [])
+        values = r["steps"].get(field, [])
+        if len(values) == len(r["steps"].get("accepted_length", [])):
+            est += values
+            act += r["steps"]["accepted_length"]
     return est, act

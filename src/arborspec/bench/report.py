@@ -82,7 +82,7 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 
 def markdown_table(rows: list[MethodSummary]) -> str:
-    head = ["method", "budget", "accepted length", "tree size", "depth", "est. E[A]", "tokens/s", "ms/token",
+    head = ["method", "budget", "accepted length", "tree size", "depth", "est. / calibrated E[A]", "tokens/s", "ms/token",
             "speedup", "per-prompt speedup (min / median / max)", "draft / verify / build+other", "greedy identical",
             "runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -92,7 +92,7 @@ def markdown_table(rows: list[MethodSummary]) -> str:
         split = (f"{s.draft_fraction:.0%} / {s.verify_fraction:.0%} / {s.build_other_fraction:.0%}"
                  if s.draft_fraction is not None else "–")
         cells = [f"`{s.method}`", _fmt(s.budget, "d"), _fmt(s.mean_accepted_length), _fmt(s.mean_tree_size, ".1f"),
-                 _fmt(s.mean_depth, ".1f"), _fmt(s.mean_estimated_length), f"{s.tokens_per_second:.1f}",
+                 _fmt(s.mean_depth, ".1f"), f"{_fmt(s.mean_estimated_length)} / {_fmt(s.mean_calibrated_length)}", f"{s.tokens_per_second:.1f}",
                  f"{s.latency_per_token_ms:.1f}", _fmt(s.speedup, ".2f", "x"), spread, split,
                  _fmt(s.greedy_identity_rate, ".0%"), str(s.runs)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -197,6 +197,15 @@ def plot_estimated_vs_actual(runs: list[dict], path: Path) -> None:
         h = h / np.maximum(h.sum(axis=1, keepdims=True), 1)  # per estimated-length column: distribution of actual
         ax.pcolormesh(xe, ye, h.T, cmap="viridis", shading="auto")
         ax.plot([1, top], [1, top], color="white", lw=0.8, ls="--")
+        for field, colour, label in (("estimated_length", "white", "builder's estimate"),
+                                     ("calibrated_length", "tab:red", "calibrated (online)")):
+            e, a = estimated_vs_actual(by_name.get(name, []), field)
+            if e:  # mean actual length per estimate bin
+                idx = np.clip(np.digitize(e, xe), 1, len(xe) - 1)
+                xs = [(xe[i - 1] + xe[i]) / 2 for i in sorted(set(idx))]
+                ys = [float(np.mean([a_ for i_, a_ in zip(idx, a) if i_ == i])) for i in sorted(set(idx))]
+                ax.plot(xs, ys, color=colour, marker=".", lw=1, label=label)
+        ax.legend(fontsize=6, loc="upper left")
         ax.set(title=name, xlabel="estimated E[accepted length]", ylabel="actual accepted length")
     _save(plt, fig, path)
 

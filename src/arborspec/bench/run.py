@@ -171,13 +171,14 @@ class RunKey:
 def steps_record(steps) -> dict:
     """Per-step statistics, column by column (compact JSON; `metrics.py` reads these columns)."""
     cols: dict[str, list] = {k: [] for k in ("accepted_length", "tree_size", "tree_depth", "estimated_length",
-                                             "draft_time", "build_time", "verify_time", "other_time",
+                                             "calibrated_length", "draft_time", "build_time", "verify_time", "other_time",
                                              "draft_forwards", "examined_draft_probs", "examined_values",
                                              "examined_accepted")}
     for s in steps:
         for k in ("accepted_length", "tree_size", "tree_depth", "draft_forwards"):
             cols[k].append(int(getattr(s, k)))
         cols["estimated_length"].append(round(float(s.estimated_length), 5))
+        cols["calibrated_length"].append(round(float(s.calibrated_length), 5))
         for k in ("draft_time", "build_time", "verify_time", "other_time"):
             cols[k].append(round(float(getattr(s, k)), 7))
         cols["examined_draft_probs"].append([round(float(p), 5) for p in s.examined_draft_probs])

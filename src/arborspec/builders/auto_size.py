@@ -16,12 +16,17 @@ accepts as is:
   (its slot value: parent value x draft mass not drawn before it) descending, then
   index. A node keeps a prefix of its draws, as the rejection verifier requires.
 
+The expected lengths come from the generation's online acceptance model when the engine
+keeps one (engine/acceptance.py: the builder's values calibrated against the verifier's
+outcomes so far), else from the builder's own values; the ranking is always the builder's.
+
 The size never changes what the verifier does with a tree, so `budget=auto` is as
 lossless as the builder (greedy identity and distribution tests cover it).
 """
 
 from __future__ import annotations
 
+from ..engine.acceptance import AcceptanceModel
 from ..engine.cost import CostCurve
 from ..engine.tree import TokenTree
 
@@ -69,10 +74,13 @@ def ranking(tree: TokenTree) -> list[int]:
     return sorted(nodes, key=lambda i: (-slots[i], i))
 
 
-def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int) -> TokenTree:
-    """The best-rate prefix of `tree`'s ranking (see `best_size`)."""
+def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,
+                 acceptance: AcceptanceModel | None = None) -> TokenTree:
+    """The best-rate prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
+    calibrated values when one is given (engine/acceptance.py), else the builder's own."""
     order = ranking(tree)
-    n = best_size([tree.values[i] for i in order], cost, draft_forwards)
+    values = acceptance.node_values(tree) if acceptance is not None else tree.values
+    n = best_size([values[i] for i in order], cost, draft_forwards)
     if n == len(order):
         return tree
     return tree.subtree(order[:n])

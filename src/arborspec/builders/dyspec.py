@@ -80,7 +80,7 @@ class _DySpecSize:
     def _auto_prune(self, ctx: DraftContext, tree: TokenTree) -> TokenTree:
         """budget=auto: keep the best-rate prefix of the tree (builders/auto_size.py)."""
         self._require_cost(ctx)
-        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards)
+        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards, ctx.acceptance)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)

@@ -99,7 +99,7 @@ class OptTreeBuilder(TreeBuilder):
             raise ArborError("opt-tree with auto=true needs the measured cost curve: run it through the decoder "
                              "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
         tree = self.grow(ctx, root_token).tree
-        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards) if self.auto else tree
+        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
 
     def grow(self, ctx: DraftContext, root_token: int) -> OptTreeResult:
         work = TokenTree.from_root(root_token, self.children_mode)

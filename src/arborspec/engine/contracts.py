@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from .acceptance import AcceptanceModel
 from .cost import CostCurve
 from .sampling import SamplingConfig, gumbel_like, probs_from_logits
 from .tree import ChildrenMode, TokenTree
@@ -81,9 +82,10 @@ class DraftContext:
     """
 
     def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor,
-                 cost: CostCurve | None = None):
+                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
         self.cost = cost  # the measured step cost curve, for builders that size trees by it (budget=auto)
+        self.acceptance = acceptance  # the generation's online acceptance model (engine/acceptance.py), if any
         self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
         self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
         self.vocab_size = root_logits.shape[-1]

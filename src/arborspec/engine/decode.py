@@ -22,6 +22,7 @@ import torch
 from ..common.timing import clock
 from ..common.vocab import check_vocab_size
 from ..errors import ArborError
+from .acceptance import AcceptanceModel
 from .adapter import ModelAdapter
 from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
@@ -101,6 +102,7 @@ class SpeculativeDecoder:
 
         if self.builder.needs_cost:
             self.cost = self.cost or cost_curve_for(self.target, self.drafter)
+        self.acceptance = AcceptanceModel()  # learnt afresh for every generation (deterministic per prompt)
         self.target.reset()
         self.drafter.reset()
         features = self.drafter.uses_target_features
@@ -134,7 +136,7 @@ class SpeculativeDecoder:
         cost = self.cost if self.builder.needs_cost else None
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
-        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost)
+        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost, self.acceptance)
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
@@ -154,12 +156,15 @@ class SpeculativeDecoder:
             on_tokens(new)
         t3 = clock(self.target.device)
         kids, flags = examined_children(tree, result)
+        calibrated = self.acceptance.expected_length(tree)
+        examined_probs = [tree.draft_probs[k] for k in kids]
+        self.acceptance.update(examined_probs, flags)
         steps.append(StepStats(
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
-            estimated_length=tree.estimated_accept_length(),
+            estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
             draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
             verify_time=t2 - t1, other_time=t3 - t2, draft_forwards=self.drafter.forwards,
-            examined_draft_probs=[tree.draft_probs[k] for k in kids],
+            examined_draft_probs=examined_probs,
             examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
         ))
         return stop

@@ -23,6 +23,7 @@ class StepStats:
     verify_time: float  # the target's tree forward
     other_time: float  # verification walk, KV compaction, bookkeeping
     draft_forwards: int = 0
+    calibrated_length: float = 0.0  # E[accepted length] under the generation's online acceptance model (before this step)
     # For acceptance-vs-draft-probability plots: every child the verifier examined
     examined_draft_probs: list[float] = field(default_factory=list)
     examined_values: list[float] = field(default_factory=list)
