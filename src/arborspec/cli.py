@@ -247,7 +247,7 @@ def bench(
     out_dir: Path = typer.Option(Path("runs/bench"), "--out", "-o", help="results folder (results.jsonl, report.md, plots)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in --out"),
     compare_hf_assisted: bool = typer.Option(False, "--compare-hf-assisted", help="also time transformers generate() and assisted generation"),
-    turns: int = typer.Option(1, "--turns", help="2 = MT-Bench second turns too"),
+    turns: str = typer.Option("1", "--turns", help="user turns per prompt, at most: 1 = first turns, 2 = MT-Bench's second turns too, all = every turn of each prompt (turn k follows the baseline's own earlier answers)"),
     no_chat: bool = typer.Option(False, "--no-chat"),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -255,14 +255,14 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
 ) -> None:
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
-    from .bench.run import BenchConfig, parse_number_list, run_bench
+    from .bench.run import BenchConfig, parse_number_list, parse_turns, run_bench
 
     cfg = BenchConfig(target=target, draft=draft, methods=list(method),
                       temperatures=parse_number_list(temperatures, float, "--temperatures"), prompts=prompts,
                       num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                       seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
                       warmup=warmup, out_dir=out_dir, resume=resume, compare_hf_assisted=compare_hf_assisted,
-                      turns=turns, chat=not no_chat, top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
+                      turns=parse_turns(turns), chat=not no_chat, top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
                       threads=threads)
     err.print(f"results: {run_bench(cfg)}", highlight=False)
 

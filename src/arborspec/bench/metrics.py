@@ -10,6 +10,9 @@ nodes, root excluded. Speedup is a ratio of **totals**:
 over the runs both have (same prompt, turn, temperature, seed, repeat) —
 never the mean of per-prompt ratios, which over-weights short answers. The
 per-prompt ratios are reported only as a spread (min / median / max).
+`summarize_by_category` applies the same `summarize` to the runs of each prompt
+category (Spec-Bench-style sets, MT-Bench's eight), so a category's speedup is
+the same ratio of totals over that category's prompts only.
 
 A record is one `kind == "run"` line of a results file (see `bench/run.py`); its
 `steps` field holds per-step columns (`accepted_length`, `tree_size`, ...).
@@ -128,6 +131,44 @@ def summarize(records: list[dict]) -> list[MethodSummary]:
     for (method, temperature), runs in groups.items():
         out.append(summarize_method(runs, groups.get((BASELINE, temperature), [])))
     return sorted(out, key=lambda s: (s.temperature, s.method != BASELINE))
+
+
+UNCATEGORISED = "(none)"  # runs without a category, when others have one (mixed results files)
+POOLED = "all"
+
+
+@dataclass
+class CategorySummary:
+    """`summarize` over the runs of one prompt category (or of all of them: `category == POOLED`)."""
+
+    category: str
+    prompts: dict[float, int]  # temperature -> distinct prompts of the category run at it
+    summaries: list[MethodSummary]  # one per (method config, temperature), as `summarize` returns them
+
+
+def run_category(record: dict) -> str:
+    return str(record.get("category") or "")
+
+
+def categories(records: list[dict]) -> list[str]:
+    """The prompt categories of the runs, first seen first; [] when no run carries one."""
+    seen = list(dict.fromkeys(run_category(r) for r in records))
+    return [c or UNCATEGORISED for c in seen] if any(seen) else []
+
+
+def _prompts(records: list[dict]) -> dict[float, int]:
+    seen = {(float(r["temperature"]), r.get("_file", 0), r["prompt_index"]) for r in records}
+    return dict(sorted(Counter(t for t, *_ in seen).items()))
+
+
+def summarize_by_category(records: list[dict]) -> list[CategorySummary]:
+    """One `CategorySummary` per category (first seen first), then the pooled one; [] without categories."""
+    out = []
+    for category in categories(records):
+        wanted = "" if category == UNCATEGORISED else category
+        runs = [r for r in records if run_category(r) == wanted]
+        out.append(CategorySummary(category, _prompts(runs), summarize(runs)))
+    return (out + [CategorySummary(POOLED, _prompts(records), summarize(records))]) if out else []
 
 
 def acceptance_by_draft_prob(records: list[dict], bins: int = 10) -> tuple[list[float], list[float | None], list[int]]:

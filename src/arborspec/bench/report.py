@@ -3,11 +3,15 @@
     write_report(["runs/bench/results.jsonl"], "runs/bench")   # -> runs/bench/report.md + *.png
 
 The report holds one Spec-Bench-style Markdown table per temperature (rows =
-method configs) and six plots: accepted length vs tree budget (Sequoia Fig. 2,
+method configs) and eight plots: accepted length vs tree budget (Sequoia Fig. 2,
 OPT-Tree Fig. 6), speedup vs budget, accepted length vs temperature, the
 builder's estimated accepted length vs the actual one (OPT-Tree Fig. 5),
-acceptance rate vs draft probability (DySpec Fig. 2) and the per-token time
-split (DySpec Fig. 4). This module also owns reading the results format.
+acceptance rate vs draft probability (DySpec Fig. 2), the per-token time
+split (DySpec Fig. 4), the tree sizes and the measured cost curve. When the
+runs carry prompt categories (MT-Bench, Spec-Bench-style or user JSONL files),
+each temperature also gets a table of speedup / accepted length per method x
+category with the pooled figure last (`metrics.summarize_by_category`), and one
+more plot: speedup per category. This module also owns reading the results format.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ArborError
-from .metrics import BASELINE, MethodSummary, acceptance_by_draft_prob, estimated_vs_actual, summarize
+from .metrics import (BASELINE, CategorySummary, MethodSummary, acceptance_by_draft_prob, estimated_vs_actual,
+                      summarize, summarize_by_category)
 
 SCHEMA_VERSION = 1
 HF_GENERATE = "hf-generate"
@@ -25,6 +30,7 @@ HF_ASSISTED = "hf-assisted"
 PLOTS = ("accepted_length_vs_budget.png", "speedup_vs_budget.png", "accepted_length_vs_temperature.png",
          "estimated_vs_actual.png", "acceptance_vs_draft_prob.png", "time_split.png", "tree_sizes.png",
          "cost_curve.png")
+CATEGORY_PLOT = "speedup_by_category.png"  # only when the runs carry prompt categories
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -99,13 +105,29 @@ def markdown_table(rows: list[MethodSummary]) -> str:
     return "\n".join(lines)
 
 
+def category_table(groups: list[CategorySummary], temperature: float) -> str:
+    """Rows = method configs (baseline left out), columns = categories then the pooled figure: `speedup / accepted length`."""
+    groups = [g for g in groups if any(s.temperature == temperature for s in g.summaries)]
+    cells = {(g.category, s.method): s for g in groups for s in g.summaries if s.temperature == temperature}
+    methods = [s.method for s in groups[-1].summaries if s.temperature == temperature and s.method != BASELINE]
+    head = ["method"] + [f"{g.category} (n={g.prompts[temperature]})" for g in groups]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method in methods:
+        row = [f"`{method}`"]
+        for g in groups:
+            s = cells.get((g.category, method))
+            row.append("–" if s is None else f"{_fmt(s.speedup, '.2f', 'x')} / {_fmt(s.mean_accepted_length)}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]:
     lines = []
     for path, h in zip(paths, headers):
         c, m, v = h["config"], h.get("machine", {}), h.get("versions", {})
         lines.append(
             f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`, "
-            f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns']}), "
+            f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns'] or 'all'}), "
             f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}, "
             f"{m.get('cpu_count')} CPUs / {m.get('torch_threads')} threads, {m.get('platform', '')}; "
             + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; started {h.get('timestamp', '?')}")
@@ -113,23 +135,23 @@ def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]
 
 
 # ---------------------------------------------------------------------------------------------- plots
-def _figure(n: int):
+def _figure(n: int, max_cols: int = 3, width: float = 5.0):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = min(n, 3)
+    cols = min(n, max_cols)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 3.8 * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return plt, fig, list(axes.flat[:n])
 
 
-def _save(plt, fig, path: Path) -> None:
+def _save(plt, fig, path: Path, outside_legend: bool = False) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight" if outside_legend else None)
     plt.close(fig)
 
 
@@ -290,6 +312,31 @@ def plot_cost_curve(headers: list[dict], paths: list[str | Path], path: Path) ->
     _save(plt, fig, path)
 
 
+def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
+    """Grouped bars, one panel per temperature: one group per category (the pooled one last), one bar per method."""
+    temps = sorted({s.temperature for s in groups[-1].summaries})
+    widest = max(len({s.method for s in groups[-1].summaries if s.temperature == t}) for t in temps)
+    plt, fig, axes = _figure(len(temps), max_cols=1, width=max(6.0, 0.12 * len(groups) * widest + 2))
+    for ax, t in zip(axes, temps):
+        shown = [g for g in groups if g.prompts.get(t)]
+        speedup = {(g.category, s.method): s.speedup for g in shown for s in g.summaries if s.temperature == t}
+        methods = [s.method for s in groups[-1].summaries if s.temperature == t and s.method != BASELINE]
+        bar = 0.8 / max(1, len(methods))
+        colours = plt.get_cmap("tab20" if len(methods) <= 20 else "turbo")
+        for i, method in enumerate(methods):
+            heights = [speedup.get((g.category, method)) or 0.0 for g in shown]
+            ax.bar([x + (i - (len(methods) - 1) / 2) * bar for x in range(len(shown))], heights, bar, label=method,
+                   color=colours(i if len(methods) <= 20 else i / max(1, len(methods) - 1)))
+        ax.set_xticks(range(len(shown)), [f"{g.category}\n(n={g.prompts[t]})" for g in shown], fontsize=7)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        if methods:
+            ax.legend(fontsize=6, ncol=1 + len(methods) // 18, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        else:
+            _no_data(ax, "methods besides the baseline")
+        ax.set(title=f"temperature {t:g}", ylabel="speedup vs autoregressive")
+    _save(plt, fig, path, outside_legend=True)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     """Tables + plots from saved results; returns the path of `report.md`."""
@@ -308,12 +355,22 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     plot_time_split(summaries, runs, out / PLOTS[5])
     plot_tree_sizes(summaries, runs, out / PLOTS[6])
     plot_cost_curve(headers, list(results_paths), out / PLOTS[7])
+    groups = summarize_by_category(runs)
+    plots = list(PLOTS)
+    if groups:
+        plot_speedup_by_category(groups, out / CATEGORY_PLOT)
+        plots.append(CATEGORY_PLOT)
     lines = ["# arborspec benchmark", "", *_describe_headers(headers, list(results_paths)), "",
              "Accepted length = tokens committed per target forward, bonus included; tree size = draft nodes "
              "verified per step (root excluded); speedup = total baseline seconds per token / total method seconds "
              "per token over the same runs (prefill included); time split = share of per-step time.", ""]
     for t in sorted({s.temperature for s in summaries}):
         lines += [f"## Temperature {t:g}", "", markdown_table([s for s in summaries if s.temperature == t]), ""]
+        if groups:
+            lines += [f"### By prompt category (temperature {t:g})", "",
+                      "speedup / accepted length, computed as above over each category's prompts only; "
+                      f"`{groups[-1].category}` = the pooled figures of the table above.", "",
+                      category_table(groups, t), ""]
     curves = [(p, h["cost_curve"]) for p, h in zip(results_paths, headers) if h.get("cost_curve")]
     if curves:
         lines += ["## Cost curve", "", "t(n)/t(1): one target forward over n rows relative to one row, measured at the "
@@ -324,7 +381,7 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
         lines.append("")
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]
-    lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]
+    lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in plots], ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -19,9 +19,11 @@ Honest measurement, in the spirit of gpt-fast and Spec-Bench:
 The results file is JSON Lines: one header record (config, versions, machine),
 then one record per (prompt, turn, method config, temperature, seed, repeat),
 each flushed as soon as it exists, so Ctrl-C loses nothing and `resume=True`
-continues where a run stopped. MT-Bench's second turn is built from the
-*baseline's* first answer (the target's own answer), so every method sees the
-same second prompt.
+continues where a run stopped. Multi-turn prompts (MT-Bench's two turns, a
+JSONL `turns` list of any length) run up to `turns` user turns each (None =
+all of them); turn k is asked after the *baseline's* answers to turns 1..k-1
+(the target's own answers, same temperature, seed and repeat), so every method
+sees the same later prompts (`conversation_ids`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,7 @@ class BenchConfig:
     out_dir: Path = Path("runs/bench")
     resume: bool = False
     compare_hf_assisted: bool = False
-    turns: int = 1  # 2 = MT-Bench's second turn too
+    turns: int | None = 1  # user turns per prompt, at most (2 = MT-Bench's second turn too); None = every turn
     chat: bool = True
     top_k: int = 0
     top_p: float = 1.0
@@ -92,8 +94,8 @@ class BenchConfig:
                 raise ArborError(f"{name} must be >= 1, got {value}")
         if self.warmup < 0:
             raise ArborError(f"warmup must be >= 0, got {self.warmup}")
-        if self.turns not in (1, 2):
-            raise ArborError(f"turns must be 1 or 2, got {self.turns}")
+        if self.turns is not None and (not isinstance(self.turns, int) or self.turns < 1):
+            raise ArborError(f"turns must be a whole number >= 1, or None for every turn of each prompt; got {self.turns!r}")
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)  # one-line errors
@@ -325,10 +327,24 @@ class _Runner:
         return label not in self.hf or temperature == 0
 
 
+def turns_to_run(turns: int | None, prompt: Prompt) -> range:
+    """Turn numbers (from 1) of `prompt` to benchmark: at most `turns` of them, every one for None."""
+    return range(1, min(turns or len(prompt.turns), len(prompt.turns)) + 1)
+
+
+def conversation_ids(tokenizer, chat: bool, prompt: Prompt, base_key: RunKey, done: dict[RunKey, dict]) -> list[int]:
+    """Token ids of turn `base_key.turn` of `prompt`: its earlier user turns, each followed by the baseline's
+    recorded answer to it (same prompt, temperature, seed and repeat as `base_key`), then the new user turn."""
+    answers = [tokenizer.decode(done[replace(base_key, turn=k)]["output_ids"], skip_special_tokens=True)
+               for k in range(1, base_key.turn)]
+    return encode_messages(tokenizer, conversation(prompt, answers), chat)
+
+
 def _plan(cfg: BenchConfig, prompts: list[Prompt]) -> Iterator[tuple[int, Prompt, int, float, int, int]]:
-    """(prompt index, prompt, turn, temperature, seed, repeat) in run order; greedy runs use the first seed only."""
+    """(prompt index, prompt, turn, temperature, seed, repeat) in run order; greedy runs use the first seed only.
+    A prompt's turns run in order, so turn k's baseline answers to turns 1..k-1 exist when it starts."""
     for index, prompt in enumerate(prompts):
-        for turn in range(1, min(cfg.turns, len(prompt.turns)) + 1):
+        for turn in turns_to_run(cfg.turns, prompt):
             for temperature in cfg.temperatures:
                 for seed in (cfg.seeds[:1] if temperature == 0 else cfg.seeds):
                     for repeat in range(cfg.repeats):
@@ -423,7 +439,7 @@ def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
 
 def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int]], done: dict[RunKey, dict],
            results: ResultsFile, quiet: bool) -> None:
-    cfg, tok = runner.cfg, runner.pair.tokenizer
+    cfg = runner.cfg
     plan = list(_plan(cfg, prompts))
     labels = runner.labels()
     total = sum(runner.runs_for(lab, t) for *_, t, _s, _r in plan for lab in labels)
@@ -431,12 +447,8 @@ def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int
         task = progress.add_task("bench", total=total, info="")
         for index, prompt, turn, temperature, seed, repeat in plan:
             base_key = RunKey(index, turn, BASELINE, temperature, seed, repeat)
-            if turn == 1:
-                ids = first_ids[index]
-            else:  # the second turn follows the target's own (baseline) first answer
-                first = done[RunKey(index, 1, BASELINE, temperature, seed, repeat)]["output_ids"]
-                answer = tok.decode(first, skip_special_tokens=True)
-                ids = encode_messages(tok, conversation(prompt, [answer]), cfg.chat)
+            ids = (first_ids[index] if turn == 1  # later turns follow the target's own (baseline) earlier answers
+                   else conversation_ids(runner.pair.tokenizer, cfg.chat, prompt, base_key, done))
             for label in labels:
                 if not runner.runs_for(label, temperature):
                     continue
@@ -487,3 +499,13 @@ def parse_number_list(text: str, kind: type, what: str) -> list:
     if not values:
         raise ArborError(f"give at least one value for {what}")
     return values
+
+
+def parse_turns(text: str) -> int | None:
+    """`--turns`: `"2"` -> 2, `"all"` -> None (every turn of each prompt); one-line error on anything else."""
+    value = text.strip().lower()
+    if value == "all":
+        return None
+    if value.isdecimal() and value.isascii() and int(value) >= 1:
+        return int(value)
+    raise ArborError(f"--turns must be a whole number >= 1 or 'all', got {text!r}")
