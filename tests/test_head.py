@@ -12,7 +12,7 @@ from arborspec.drafters.head import DraftHead, HeadDrafter, load_head
 from arborspec.offline.head_data import HeadSequence, _generate_batch, HeadDataConfig, FeatureRecorder
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.engine.sampling import SamplingConfig
-from arborspec.offline.train_head import HeadTrainConfig, evaluate, make_batch, split, train, ttt_mask
+from arborspec.offline.train_head import HeadTrainConfig, evaluate, make_batch, train, ttt_mask
 from arborspec.engine.tree import TokenTree
 
 from conftest import tiny_llama
