@@ -260,7 +260,8 @@ class _Runner:
         self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make()) for m in methods}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
         self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")
-        self.budgets = {label: dec.builder.budget for label, dec in self.decoders.items()}
+        # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)
+        self.budgets = {label: None if dec.builder.needs_cost else dec.builder.budget for label, dec in self.decoders.items()}
 
     def _assistant(self):
         """transformers' assisted-generation peer: the pair's draft model; for a draft head (which transformers
