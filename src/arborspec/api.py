@@ -4,6 +4,8 @@
     gen = SpeculativeGenerator(method="dyspec", budget=32)          # embedded pair, CPU
     out = gen.generate("Why is the sky blue?", max_new_tokens=64)   # greedy: exactly the target's tokens
     print(out.text, out.mean_accepted_length)
+    big = SpeculativeGenerator(target="Qwen/Qwen2.5-14B-Instruct", draft="ngram",
+                               device_map="auto", max_memory="0=10GiB,cpu=20GiB")  # the rest offloaded to disk
 
 Argument names mirror `transformers.generate`: `max_new_tokens`, `do_sample`,
 `temperature`, `top_k`, `top_p`; plus `seed` for the generators.
@@ -33,11 +35,16 @@ class SpeculativeGenerator:
 
     def __init__(self, target: str = EMBEDDED_TARGET, draft: str | None = None, method: str = DEFAULT_METHOD,
                  device: str = "cpu", dtype: str = "float32", verifier: str | None = None, budget: int | str | None = None,
-                 reorder_dfs: bool = False, pair: ModelPair | None = None, **method_params: Any) -> None:
+                 reorder_dfs: bool = False, pair: ModelPair | None = None, device_map: str | dict | None = None,
+                 max_memory: str | dict | None = None, offload_folder: str | None = None,
+                 **method_params: Any) -> None:
+        """`device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
+        ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
+        (accelerate; see `arborspec.models.placement_kwargs`); they override `device`."""
         if budget is None and not method_params:
             budget = DEFAULT_BUDGET
         self.builder = make_builder(method, budget=budget, **method_params)
-        self.pair = pair or load_pair(target, draft, device, dtype)
+        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
         self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder, verifier=verifier,
                                           reorder_dfs=reorder_dfs)
 

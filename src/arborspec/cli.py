@@ -45,6 +45,16 @@ TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir;
 DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16")
+DeviceMapOpt = typer.Option(None, "--device-map", help="place the target with accelerate, for targets larger than memory (overrides --device): auto, balanced, sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, cuda:N")
+MaxMemoryOpt = typer.Option(None, "--max-memory", help="memory per device for the device map, e.g. 0=10GiB,cpu=20GiB or cpu=2GiB; what does not fit is offloaded to disk (alone: implies --device-map auto)")
+OffloadFolderOpt = typer.Option(None, "--offload-folder", help="folder for weights offloaded to disk (default: a temporary folder made for this process, removed at exit)")
+
+
+def check_placement(device_map: Optional[str], max_memory: Optional[str], offload_folder: Optional[Path]) -> None:
+    """Refuse a bad --device-map / --max-memory / --offload-folder before any model is loaded."""
+    from .models import placement_kwargs
+
+    placement_kwargs(device_map, max_memory, offload_folder)
 
 
 @app.callback(invoke_without_command=True)
@@ -52,7 +62,8 @@ def main(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is None:  # plain `arborspec`: the demo, with generate's defaults spelled out
         generate(DEMO_PROMPT, method="dyspec", budget=None, param=[], verifier=None, max_new_tokens=64,
                  temperature=0.0, top_k=0, top_p=1.0, seed=0, target="embedded", draft=None, device="cpu",
-                 dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False)
+                 dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False, draft_temperature=None,
+                 device_map=None, max_memory=None, offload_folder=None)
 
 
 class _Streamer:
@@ -91,6 +102,9 @@ def generate(
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
     reorder_dfs: bool = typer.Option(False, "--reorder-dfs", help="renumber tree nodes in DFS order before verifying"),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding and print the speedup"),
+    device_map: Optional[str] = DeviceMapOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
+    offload_folder: Optional[Path] = OffloadFolderOpt,
 ) -> None:
     """Generate a continuation with speculative decoding, streaming the text and printing statistics."""
     from .api import SpeculativeGenerator
@@ -99,10 +113,12 @@ def generate(
     from .engine.sampling import SamplingConfig
 
     SamplingConfig(temperature, top_k, top_p, draft_temperature)  # validate before loading models
+    check_placement(device_map, max_memory, offload_folder)
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
-                               budget=parse_budget(budget), reorder_dfs=reorder_dfs, **parse_params(param))
+                               budget=parse_budget(budget), reorder_dfs=reorder_dfs, device_map=device_map,
+                               max_memory=max_memory, offload_folder=offload_folder, **parse_params(param))
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
@@ -158,15 +174,20 @@ def calibrate(
     timing_context: int = typer.Option(128, "--timing-context"),
     timing_repeats: int = typer.Option(5, "--timing-repeats"),
     seed: int = typer.Option(0, "--seed"),
+    device_map: Optional[str] = DeviceMapOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
+    offload_folder: Optional[Path] = OffloadFolderOpt,
 ) -> None:
     """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c."""
     from .offline.calibrate import CalibrationConfig
     from .offline.calibrate import calibrate as run_calibration
 
+    check_placement(device_map, max_memory, offload_folder)
     cfg = CalibrationConfig(temperature=temperature, top_k=top_k, top_p=top_p, children=children, draws=draws,
                             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_tree_tokens=max_tree_tokens,
                             timing_context=timing_context, timing_repeats=timing_repeats, seed=seed)
-    cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, device=device, dtype=dtype)
+    cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, device=device, dtype=dtype,
+                          device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     out_p = ", ".join(f"{x:.3f}" for x in cal.acceptance[:6])
     err.print(f"acceptance p_1.. = [{out_p}, ...]; c = {cal.draft_cost:.3f}; written to {out}", highlight=False)
 
@@ -212,16 +233,21 @@ def train_c2t(
     holdout: float = typer.Option(0.2, "--holdout"),
     beta: float = typer.Option(0.5, "--beta"),
     seed: int = typer.Option(0, "--seed"),
+    device_map: Optional[str] = DeviceMapOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
+    offload_folder: Optional[Path] = OffloadFolderOpt,
 ) -> None:
     """Train the C2T pruning classifier on large expanded trees labelled by the target."""
     from .offline.c2t import C2TConfig
     from .offline.c2t import train_c2t as run_training
 
+    check_placement(device_map, max_memory, offload_folder)
     cfg = C2TConfig(k=k, depth=depth, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                     positions_per_prompt=positions_per_prompt, temperature=temperature, top_p=top_p,
                     neg_per_pos=neg_per_pos, epochs=epochs, lr=lr, batch_size=batch_size, holdout=holdout, beta=beta,
                     seed=seed)
-    _, metrics = run_training(target, draft, cfg, out=out, prompts_file=prompts, device=device, dtype=dtype)
+    _, metrics = run_training(target, draft, cfg, out=out, prompts_file=prompts, device=device, dtype=dtype,
+                              device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     shown = {k_: v for k_, v in metrics.items() if isinstance(v, (int, float))}
     err.print("metrics: " + ", ".join(f"{k_}={v:.4g}" for k_, v in shown.items()), highlight=False)
     if "by_beta" in metrics:
@@ -253,6 +279,9 @@ def bench(
     top_p: float = typer.Option(1.0, "--top-p"),
     draft_temperature: Optional[float] = typer.Option(None, "--draft-temperature", help="draft-side temperature at temperature 0 (default: the measured best)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    device_map: Optional[str] = DeviceMapOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
+    offload_folder: Optional[Path] = OffloadFolderOpt,
 ) -> None:
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
     from .bench.run import BenchConfig, parse_number_list, parse_turns, run_bench
@@ -263,7 +292,8 @@ def bench(
                       seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,
                       warmup=warmup, out_dir=out_dir, resume=resume, compare_hf_assisted=compare_hf_assisted,
                       turns=parse_turns(turns), chat=not no_chat, top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
-                      threads=threads)
+                      threads=threads, device_map=device_map, max_memory=max_memory,
+                      offload_folder=str(offload_folder) if offload_folder else None)
     err.print(f"results: {run_bench(cfg)}", highlight=False)
 
 

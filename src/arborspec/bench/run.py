@@ -48,14 +48,14 @@ from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_gen
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError
 from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, load_model,
-                      load_pair)
+                      load_pair, placement_kwargs)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
 RESULTS_NAME = "results.jsonl"
 # Header fields that must match for `resume` to append to an existing results file
 _RESUME_KEYS = ("target", "draft", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
-                "top_k", "top_p")
+                "top_k", "top_p", "device_map", "max_memory")
 
 
 @dataclass(kw_only=True)
@@ -71,6 +71,9 @@ class BenchConfig:
     repeats: int = 1
     device: str = "cpu"
     dtype: str = "float32"
+    device_map: str | None = None  # placement of the target (models.placement_kwargs): overrides device
+    max_memory: str | None = None
+    offload_folder: str | None = None
     warmup: int = 1  # warm-up generations per method before timing (not recorded)
     out_dir: Path = Path("runs/bench")
     resume: bool = False
@@ -99,6 +102,7 @@ class BenchConfig:
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)  # one-line errors
+        placement_kwargs(self.device_map, self.max_memory, self.offload_folder)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -368,7 +372,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     path, old_header, done = prepare_output(cfg)
     if pair is None:
         cfg.draft = cfg.draft or default_draft(cfg.target)
-        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype)
+        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.device_map, cfg.max_memory, cfg.offload_folder)
     else:
         cfg.draft = cfg.draft or pair.draft_name
     runner = _Runner(cfg, pair, methods)

@@ -44,6 +44,7 @@ from transformers import AutoModel, DynamicCache
 
 from ..common.timing import clock
 from ..engine.contracts import Drafter
+from ..engine.placement import execution_device, materialised
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
 from .model import tree_rows_allowed
@@ -56,7 +57,7 @@ CONFIG_FILE = "head.json"
 
 def target_fingerprint(target_model) -> str:
     """A short hash of the target's input embedding (tells two targets with the same vocabulary apart)."""
-    emb = target_model.get_input_embeddings().weight
+    emb = materialised(target_model.get_input_embeddings())
     rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float16).contiguous()
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
 
@@ -86,7 +87,7 @@ class DraftHead(nn.Module):
         self.register_buffer("vocab_ids", ids, persistent=True)
         self._target = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
         self.refresh_lm_rows()
-        self.to(device=target_model.device, dtype=self.body.norm.weight.dtype)
+        self.to(device=execution_device(target_model), dtype=self.body.norm.weight.dtype)
 
     # ------------------------------------------------------------------ construction
     def init_from_target(self, target_model) -> None:
@@ -97,19 +98,20 @@ class DraftHead(nn.Module):
 
     def refresh_lm_rows(self) -> None:
         """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the head's cheap logits)."""
-        lm = self._target[1]
-        ids = self.vocab_ids.to(lm.weight.device)
-        bias = getattr(lm, "bias", None)
+        lm, device = self._target[1], self.fc.weight.device
+        weight, bias = materialised(lm), materialised(lm, "bias")  # an offloaded head's weights: from its hook
+        ids = self.vocab_ids.to(weight.device)
         # derived from the target: non-persistent buffers (never saved, moved and cast with the head)
-        self.register_buffer("lm_rows", lm.weight.detach().index_select(0, ids), persistent=False)
-        self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids), persistent=False)
+        self.register_buffer("lm_rows", weight.detach().index_select(0, ids).to(device), persistent=False)
+        self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids).to(device),
+                             persistent=False)
         self.full_vocab = self.vocab_ids.numel() == self.vocab_size
 
     # ------------------------------------------------------------------ forward
     def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """`tokens` [B, L], previous-token features `feats` [B, L, H] -> layer inputs [B, L, H]."""
-        emb = self._target[0](tokens.to(self._target[0].weight.device))
-        return self.fc(torch.cat([emb.to(feats.dtype), feats], dim=-1))
+        emb = self._target[0](tokens.to(execution_device(self._target[0])))  # its hook fetches an offloaded table
+        return self.fc(torch.cat([emb.to(feats.device, feats.dtype), feats], dim=-1))
 
     def forward(self, tokens, feats, position_ids=None, attention_mask=None, past_key_values=None) -> torch.Tensor:
         """Predicted features f^ [B, L, H] (after the final norm)."""

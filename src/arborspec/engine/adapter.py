@@ -5,6 +5,11 @@ with its traps): we pass a 4D additive mask `[1, 1, N, P + N]` in the
 model dtype, explicit `position_ids` (`P + depth`), and a `DynamicCache`.
 After verification the accepted path is copied into place in every layer and
 the rest is cropped (O(path length), no re-feeding).
+
+Models loaded with a device map (layers on several devices, offloaded to the CPU
+or the disk: engine/placement.py) work unchanged: inputs go to the model's
+execution device, each cache layer is compacted on its own device, and an
+LM head under accelerate's hooks is left to the model's own forward (engine/lm_head.py).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import ArborError
 from .lm_head import HeadRows, LazyLogits
+from .placement import execution_device
 from .tree import TokenTree, additive_mask
 
 
@@ -30,7 +36,7 @@ class ModelAdapter:
         self.model = model
         self.config = model.config
         self.dtype = next(model.parameters()).dtype
-        self.device = model.device
+        self.device = execution_device(model)  # not model.device: `meta` when the first weights are offloaded
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.cache = DynamicCache(config=model.config)

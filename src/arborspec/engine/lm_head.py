@@ -17,8 +17,11 @@ Plain decoding (the baseline) goes through the same single-row product, so every
 speedup is measured against a baseline that got the same improvement.
 
 Only heads whose logits are exactly `lm_head(hidden)` qualify (an `nn.Linear`, no
-final soft-capping or logit scaling in the model's config); for anything else
-`HeadRows.supported` is False and the adapter asks the model for its logits as before.
+final soft-capping or logit scaling in the model's config) and whose weights are in
+place: a head placed by a device map carries an accelerate hook and may keep its
+weight on the `meta` device until its own forward runs (engine/placement.py). For
+anything else `HeadRows.supported` is False and the adapter asks the model for its
+logits as before.
 """
 
 from __future__ import annotations
@@ -30,12 +33,17 @@ import torch.nn.functional as F
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
+def placed(head: torch.nn.Module) -> bool:
+    """A head under an accelerate hook (device map) or with its weight on `meta`: only its own forward is safe."""
+    return getattr(head, "_hf_hook", None) is not None or head.weight.device.type == "meta"
+
+
 class HeadRows:
     """Logits from last hidden states with the model's own (unmodified) LM head weights."""
 
     def __init__(self, model) -> None:
         head = model.get_output_embeddings()
-        self.supported = type(head) is torch.nn.Linear and not any(
+        self.supported = type(head) is torch.nn.Linear and not placed(head) and not any(
             getattr(model.config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
         self.weight = head.weight if self.supported else None
         self.bias = head.bias if self.supported else None

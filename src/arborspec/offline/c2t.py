@@ -35,6 +35,7 @@ from ..common.provenance import machine_info, utc_timestamp
 from ..engine.adapter import ModelAdapter
 from ..engine.contracts import DraftContext, Drafter
 from ..engine.decode import DecodeConfig, autoregressive_generate
+from ..engine.placement import execution_device
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TokenTree
 from ..engine.verifiers import greedy, sample_match
@@ -216,7 +217,7 @@ def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], c
         "target": target_name, "draft": draft_name, "vocab_size": drafter.vocab_size,
         "sampling": asdict(cfg.sampling), "label": "greedy" if cfg.sampling.greedy else "sampled",
         "prompts_source": prompts_source, "trees": data.num_trees, "nodes": int(data.labels.numel()),
-        "positive_share": float(data.labels.mean()), "machine": machine_info(target_model.device),
+        "positive_share": float(data.labels.mean()), "machine": machine_info(execution_device(target_model)),
         "created": utc_timestamp(),
     }
     clf, metrics = train(data, cfg, progress)
@@ -227,13 +228,14 @@ def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], c
 
 def train_c2t(target: str = "embedded", draft: str | None = None, cfg: C2TConfig | None = None, *,
               out: str | Path | None = None, prompts_file: str | Path | None = None,
-              device: str = "cpu", dtype: str = "float32", progress: bool = True) -> tuple[C2TClassifier, dict]:
+              device: str = "cpu", dtype: str = "float32", progress: bool = True, device_map: str | dict | None = None,
+              max_memory: str | dict | None = None, offload_folder: str | None = None) -> tuple[C2TClassifier, dict]:
     """Load the pair by name (draft None = the target's default draft) and train its classifier.
 
     `out` defaults to the shipped location, but only for the embedded target with its distilled draft.
     """
     cfg = cfg or C2TConfig()
-    pair = load_pair(target, draft, device, dtype)
+    pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
     if out is None:
         if (pair.target_name, pair.draft_name) != ("embedded", "embedded-draft"):
             raise ArborError(f"give --out: only the embedded pair has a default classifier location "

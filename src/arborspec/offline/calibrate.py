@@ -40,6 +40,7 @@ from ..common.vocab import check_vocab_size
 from ..engine.adapter import ModelAdapter
 from ..engine.contracts import Drafter
 from ..engine.cost import CostCurve, measure_cost_curve
+from ..engine.placement import execution_device
 from ..engine.decode import DecodeConfig, autoregressive_generate
 from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from ..engine.tree import TokenTree
@@ -133,7 +134,7 @@ def draft_logits_along(drafter: Drafter, ids: list[int], start: int) -> torch.Te
 
 @torch.inference_mode()
 def target_logits_along(model, ids: list[int], start: int) -> torch.Tensor:  # [len(ids) - start, V]
-    out = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False)
+    out = model(input_ids=torch.tensor([ids], device=execution_device(model)), use_cache=False)
     return out.logits[0, start:].float().cpu()
 
 
@@ -193,7 +194,7 @@ def calibrate_models(
         target=target_name, draft=draft_name, vocab_size=vocab, sampling=asdict(cfg.sampling),
         acceptance=acceptance, positions=positions, trials=trials, time_tokens=tokens, time_relative=relative,
         time_one_token_s=one, draft_cost=curve.draft_cost, prompts_source=prompts_source, config=asdict(cfg),
-        machine=machine_info(target_model.device), created=utc_timestamp(),
+        machine=machine_info(execution_device(target_model)), created=utc_timestamp(),
         first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
     )
 
@@ -201,12 +202,13 @@ def calibrate_models(
 def calibrate(
     target: str = "embedded", draft: str | None = None, cfg: CalibrationConfig | None = None, *,
     prompts_file: str | Path | None = None, out: str | Path | None = None,
-    device: str = "cpu", dtype: str = "float32", progress: bool = True,
+    device: str = "cpu", dtype: str = "float32", progress: bool = True, device_map: str | dict | None = None,
+    max_memory: str | dict | None = None, offload_folder: str | None = None,
 ) -> Calibration:
     """Load the pair by name (draft None = the target's default draft), calibrate on chat-formatted
     prompts, and write the JSON to `out` when given."""
     cfg = cfg or CalibrationConfig()
-    pair = load_pair(target, draft, device, dtype)
+    pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
     texts, source = read_prompts(prompts_file, cfg.num_prompts)
     result = calibrate_models(
         pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
