@@ -1,15 +1,16 @@
 """The target's LM head, run by the adapter itself: fast single rows, and rows on demand for the verifier.
 
 Why (docs/algorithms.md §7, "Cheaper verification"): the LM head (vocabulary x hidden)
-is the largest matrix of a small model. On CPU, `F.linear` on one row goes through a
-matrix-matrix kernel that is about twice as slow as the matrix-vector product
-`W @ h` (7.5 vs 3.6 ms for SmolLM2's 49152 x 576 head on 2 cores), and a tree
-forward pays it for every node although a verifier only reads the rows on the path
-it walks (accepted length + 1 of them). So the adapter runs the model's *decoder*,
-and this module turns hidden rows into logits:
+is the largest matrix of a small model. On CPU, `F.linear` on one row (weights stored
+[V, H]) runs about twice as slow as the same product against a contiguous [H, V] copy
+(7.5 vs ~4 ms for SmolLM2's 49152 x 576 head on 2 cores), and a tree forward pays it
+for every node although a verifier only reads the rows on the path it walks (accepted
+length of them). So the adapter runs the model's *decoder*, and this module turns
+hidden rows into logits:
 
-* `HeadRows.logits(hidden)`: one row by the matrix-vector product, several rows by
-  `F.linear` (same weights, same float32 math up to summation order);
+* `HeadRows.logits(hidden)`: one row against the transposed copy (CPU, heads up to
+  1 GiB; it costs that much memory once), several rows by `F.linear` (same weights,
+  same float32 math up to summation order);
 * `LazyLogits`: indexable like a `[N, V]` logits tensor; row i is computed on first
   access and kept. The verifiers only ever index single rows.
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 # config attributes that make a causal LM's logits differ from lm_head(hidden)
+MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -47,11 +49,16 @@ class HeadRows:
             getattr(model.config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
         self.weight = head.weight if self.supported else None
         self.bias = head.bias if self.supported else None
+        # On CPU a contiguous [H, V] copy makes one row a fast vector-matrix product (see the module doc);
+        # kept only for heads up to MAX_TRANSPOSED_BYTES, the memory it costs.
+        w = self.weight
+        small = w is not None and w.numel() * w.element_size() <= MAX_TRANSPOSED_BYTES
+        self.weight_t = w.detach().t().contiguous() if small and w.device.type == "cpu" else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[K, H]` hidden -> `[K, V]` float32 logits."""
-        if hidden.shape[0] == 1:
-            out = torch.mm(self.weight, hidden.T).T  # matrix-vector kernel
+        if hidden.shape[0] == 1 and self.weight_t is not None:
+            out = torch.mm(hidden, self.weight_t)
             if self.bias is not None:
                 out = out + self.bias
         else:
