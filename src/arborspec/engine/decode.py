@@ -156,6 +156,7 @@ class SpeculativeDecoder:
             on_tokens(new)
         t3 = clock(self.target.device)
         kids, flags = examined_children(tree, result)
+        head_time = getattr(logits, "seconds", 0.0)  # LM-head rows the verifier computed: part of verification
         calibrated = self.acceptance.expected_length(tree)
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags)
@@ -163,7 +164,7 @@ class SpeculativeDecoder:
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
             estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
             draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
-            verify_time=t2 - t1, other_time=t3 - t2, draft_forwards=self.drafter.forwards,
+            verify_time=t2 - t1 + head_time, other_time=t3 - t2 - head_time, draft_forwards=self.drafter.forwards,
             examined_draft_probs=examined_probs,
             examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
         ))

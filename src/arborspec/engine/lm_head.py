@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..common.timing import clock
+
 # config attributes that make a causal LM's logits differ from lm_head(hidden)
 MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -72,6 +74,7 @@ class LazyLogits:
     def __init__(self, hidden: torch.Tensor, head: HeadRows) -> None:
         self.hidden, self.head = hidden, head  # hidden: [N, H]
         self.rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0  # spent computing rows (the step statistics count it as verification)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,7 +89,9 @@ class LazyLogits:
         if i < 0:
             i += len(self)
         if i not in self.rows:
+            t0 = clock(self.hidden.device)
             self.rows[i] = self.head.logits(self.hidden[i: i + 1])[0]
+            self.seconds += clock(self.hidden.device) - t0
         return self.rows[i]
 
     @property

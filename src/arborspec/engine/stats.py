@@ -20,7 +20,7 @@ class StepStats:
     estimated_length: float  # the builder's own E[accepted length] = 1 + sum of node values
     draft_time: float  # seconds in draft forwards (model or n-gram)
     build_time: float  # tree construction other than draft forwards
-    verify_time: float  # the target's tree forward
+    verify_time: float  # the target's tree forward + the LM-head rows the verifier read
     other_time: float  # verification walk, KV compaction, bookkeeping
     draft_forwards: int = 0
     calibrated_length: float = 0.0  # E[accepted length] under the generation's online acceptance model (before this step)
