@@ -1,0 +1,63 @@
+"""Long generations: after hundreds of steps and compactions the output is still exactly plain decoding's,
+both KV caches hold exactly the committed tokens after every step, and the context limit ends cleanly.
+
+The suite's share (tiny models, 1,500 tokens, one builder per children mode); the 4,096-token runs on the
+embedded target are issue 11's open part.
+"""
+
+import pytest
+
+from arborspec.builders.registry import make_builder
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.errors import ArborError
+
+from conftest import perturbed_copy, tiny_llama
+
+LENGTH = 1500
+PROMPT = [5, 17, 33, 8, 9, 40]
+
+
+@pytest.fixture(scope="module")
+def long_pair():
+    target = tiny_llama(0, max_pos=2048)
+    return target, perturbed_copy(target, 1, 0.3)
+
+
+class CacheCheck:
+    """`on_tokens` callback: after every step, the target cache holds every committed token but the last
+    (the next root) and the draft cache no more than the committed tokens."""
+
+    def __init__(self, dec: SpeculativeDecoder, prompt_len: int) -> None:
+        self.dec, self.committed, self.steps = dec, prompt_len, 0
+
+    def __call__(self, new: list[int]) -> None:
+        self.committed += len(new)
+        self.steps += 1
+        assert self.dec.target.cache_len == self.committed - 1, self.steps
+        assert self.dec.drafter.lm.cache_len <= self.committed, self.steps
+        for layer in self.dec.target.cache.layers:
+            assert layer.keys.shape[2] == self.committed - 1
+
+
+@pytest.mark.parametrize("name", ["dyspec", "specinfer", "opt-tree"])  # without / with replacement / selected
+def test_long_greedy_generation_stays_identical_with_exact_caches(long_pair, name):
+    target, draft = long_pair
+    cfg = DecodeConfig(max_new_tokens=LENGTH)  # no EOS: raw continuation to the end
+    base = autoregressive_generate(ModelAdapter(target), PROMPT, cfg).output_ids
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=8))
+    check = CacheCheck(dec, len(PROMPT))
+    out = dec.generate(PROMPT, cfg, on_tokens=check)
+    assert out.output_ids == base and len(base) == LENGTH
+    assert check.steps == len(out.steps) > LENGTH // 8  # hundreds of compactions happened
+
+
+def test_max_new_tokens_past_the_context_is_a_clean_error(long_pair):
+    target, draft = long_pair
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget=8))
+    with pytest.raises(ArborError, match="exceeds the target's context of 2048 positions"):
+        dec.generate(PROMPT, DecodeConfig(max_new_tokens=2048 - len(PROMPT)))
+    # the largest request that fits runs to its end
+    fits = 2048 - len(PROMPT) - dec.builder.depth_limit - 1
+    assert len(dec.generate(PROMPT, DecodeConfig(max_new_tokens=fits)).output_ids) == fits
