@@ -396,5 +396,32 @@ def train_head(
     err.print(f"head written to {path}; use it with --draft {path}", highlight=False)
 
 
+@app.command()
+@friendly
+def soak(
+    steps: int = typer.Option(10_000, "--steps", help="speculative steps to check (over many random cases)"),
+    seed: int = typer.Option(0, "--seed"),
+    replay: Optional[int] = typer.Option(None, "--replay", help="re-run one case by the case seed a failure printed"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the report as JSON"),
+) -> None:
+    """Randomized soak on tiny random Llama pairs: builders, budgets, sampling settings, prompts; every invariant checked."""
+    import json
+
+    from .offline.soak import soak as run
+
+    if steps < 1:
+        raise ArborError(f"--steps must be >= 1, got {steps}")
+    report = run(steps, seed, replay=replay)
+    err.print(f"soak: {report.cases} cases, {report.steps} steps, {report.tokens} tokens, "
+              f"{len(report.failures)} failures, {report.seconds:.0f} s", highlight=False)
+    for f in report.failures:
+        err.print(f"  FAIL case {f.case_seed} step {f.step}: {f.description}: {f.message}\n"
+                  f"    reproduce: arborspec soak --replay {f.case_seed}", highlight=False)
+    if out is not None:
+        out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    if report.failures:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

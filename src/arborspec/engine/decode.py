@@ -146,10 +146,11 @@ class SpeculativeDecoder:
         t2 = clock(self.target.device)
         result = verify(tree, logits, cfg.sampling, gen)
         new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
-        self.target.compact(past + 1, [past + n for n in result.accepted])
-        if features:  # the root's and the accepted nodes' features: exact target states, no draft error
-            self.drafter.observe(self.target.last_hidden[[0] + result.accepted])
-        self.drafter.commit(tree, result.accepted)
+        kept = result.accepted[: len(new) - 1]  # all of them unless EOS / max_new_tokens cut the step short
+        self.target.compact(past + 1, [past + n for n in kept])
+        if features:  # the root's and the kept nodes' features: exact target states, no draft error
+            self.drafter.observe(self.target.last_hidden[[0] + kept])
+        self.drafter.commit(tree, kept)
         committed += new
         out += new
         if on_tokens is not None:
