@@ -65,7 +65,7 @@ def test_ctrl_c_in_the_cli_prints_what_was_generated():
         text += proc.stdout.read() or b""
     assert proc.poll() is None, proc.stderr.read().decode()
     proc.send_signal(signal.SIGINT)
-    out, errs = proc.communicate(timeout=60)
+    out, errs = proc.communicate(timeout=180)  # the step in flight finishes first (slow on a loaded machine)
     errs = errs.decode()
     assert proc.returncode == 130, errs
     assert "(interrupted)" in errs and "tokens in" in errs and "tok/s" in errs, errs

@@ -6,7 +6,9 @@ embedded pair and prints its statistics, offline.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -67,10 +69,15 @@ def main(ctx: typer.Context) -> None:
 
 
 class _Streamer:
-    """Prints newly committed tokens as text, decoding the whole output each time (safe for multi-byte chars)."""
+    """Prints newly committed tokens as text, decoding the whole output each time (safe for multi-byte chars).
+
+    While it streams, Ctrl-C only raises a flag (`catch_ctrl_c`); the next step boundary stops the
+    generation (a KeyboardInterrupt from here becomes `GenerationInterrupted` with everything committed),
+    so the interrupt never lands inside a model or tokenizer call.
+    """
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+        self.tokenizer, self.ids, self.shown, self.stop = tokenizer, [], "", False
 
     def __call__(self, new: list[int]) -> None:
         self.ids += new
@@ -79,6 +86,21 @@ class _Streamer:
             sys.stdout.write(text[len(self.shown):])
             sys.stdout.flush()
         self.shown = text
+        if self.stop:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def catch_ctrl_c(self):
+        def flag(signum, frame):
+            if self.stop:  # a second Ctrl-C does not wait for the step
+                raise KeyboardInterrupt
+            self.stop = True
+
+        old = signal.signal(signal.SIGINT, flag)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
 
 
 @app.command()
@@ -124,7 +146,8 @@ def generate(
                     max_new_tokens=max_new_tokens, chat=not no_chat)
     err.print(f"[dim]target {gen.pair.target_name} | draft {gen.pair.draft_name} | {gen.builder.describe()}[/]")
     try:
-        result = gen.generate(prompt, on_tokens=_Streamer(gen.tokenizer), **sampling)
+        with _Streamer(gen.tokenizer).catch_ctrl_c() as streamer:
+            result = gen.generate(prompt, on_tokens=streamer, **sampling)
     except GenerationInterrupted as stopped:  # Ctrl-C: what was generated, with its statistics
         sys.stdout.write("\n")
         err.print(stopped.result.summary() + " (interrupted)", highlight=False)
