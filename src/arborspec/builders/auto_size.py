@@ -29,6 +29,16 @@ from __future__ import annotations
 from ..engine.acceptance import AcceptanceModel
 from ..engine.cost import CostCurve
 from ..engine.tree import TokenTree
+from ..errors import ArborError
+from .base import rank_nodes
+
+
+def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
+    """The cost curve a `budget=auto` builder was given; a one-line error without one."""
+    if cost is None:
+        raise ArborError(f"{name} with auto=true needs the measured cost curve: run it through the decoder "
+                         "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
+    return cost
 
 
 def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
@@ -67,11 +77,10 @@ def slot_values(tree: TokenTree) -> list[float]:
 
 def ranking(tree: TokenTree) -> list[int]:
     """Non-root nodes in an order where every prefix is a valid tree for the tree's verifier (see module doc)."""
-    nodes = range(1, tree.num_nodes)
     if tree.children_mode == "selected":
-        return sorted(nodes, key=lambda i: (-tree.values[i], tree.depths[i], i))
+        return rank_nodes(tree)
     slots = slot_values(tree)
-    return sorted(nodes, key=lambda i: (-slots[i], i))
+    return sorted(range(1, tree.num_nodes), key=lambda i: (-slots[i], i))
 
 
 def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,

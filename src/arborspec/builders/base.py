@@ -9,7 +9,8 @@ live in `engine/contracts.py`, because the decode loop consumes them. Here:
   `draw_children` adds the first k of them;
 * *selected* children (OPT-Tree, EAGLE-2, C2T and the C2T trainer): `top_children`
   lets every node of a layer propose its top-k children, as `Candidates` the
-  builder then filters and adds.
+  builder then filters and adds; `rank_nodes` orders a selected tree's nodes so
+  that every prefix is a valid subtree (OPT-Tree, EAGLE-2, `budget=auto`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def top_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -
             cands.draft_probs.append(prob)
             cands.joint.append(tree.values[node] * prob)
     return cands
+
+
+def rank_nodes(tree: TokenTree) -> list[int]:
+    """Non-root nodes, best first: by value (= p_hat) descending, then depth, then index."""
+    return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.values[i], tree.depths[i], i))
 
 
 # ---------------------------------------------------------------------------- parameters

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
-from .auto_size import auto_subtree, cannot_improve
+from .auto_size import auto_subtree, cannot_improve, require_cost
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -68,19 +68,9 @@ class _DySpecSize:
     topk: int | None
     auto: bool
 
-    @property
-    def needs_cost(self) -> bool:
-        return self.auto
-
-    def _require_cost(self, ctx: DraftContext) -> None:
-        if ctx.cost is None:
-            raise ArborError(f"{self.name} with auto=true needs the measured cost curve: run it through the decoder "
-                             "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
-
     def _auto_prune(self, ctx: DraftContext, tree: TokenTree) -> TokenTree:
         """budget=auto: keep the best-rate prefix of the tree (builders/auto_size.py)."""
-        self._require_cost(ctx)
-        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards, ctx.acceptance)
+        return auto_subtree(tree, require_cost(self.name, ctx.cost), ctx.drafter.forwards, ctx.acceptance)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
@@ -109,8 +99,8 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
         if self.auto:
-            self._require_cost(ctx)
-            expected, best_rate = 1.0, 1.0 / ctx.cost.step_cost(0, ctx.drafter.forwards)
+            cost = require_cost(self.name, ctx.cost)
+            expected, best_rate = 1.0, 1.0 / cost.step_cost(0, ctx.drafter.forwards)
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
@@ -128,8 +118,8 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 # to come is worth at most the best slot left (slot values only fall)
                 expected += tree.values[node]
                 forwards = ctx.drafter.forwards
-                best_rate = max(best_rate, expected / ctx.cost.step_cost(tree.size, forwards))
-                if cannot_improve(expected, tree.size, -heap[0].neg_value, self.budget, ctx.cost, forwards, best_rate):
+                best_rate = max(best_rate, expected / cost.step_cost(tree.size, forwards))
+                if cannot_improve(expected, tree.size, -heap[0].neg_value, self.budget, cost, forwards, best_rate):
                     break
         return self._auto_prune(ctx, tree) if self.auto else tree
 

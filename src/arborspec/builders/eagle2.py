@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from .base import require_positive, top_children
-from .opt_tree import rank_nodes, top_subtree
+from .base import rank_nodes
+from .opt_tree import top_subtree
 from .registry import register
 
 

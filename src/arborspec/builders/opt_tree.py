@@ -39,14 +39,9 @@ import torch
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import ChildrenMode, TokenTree
 from ..errors import ArborError
-from .auto_size import auto_subtree
-from .base import require_positive, top_children
+from .auto_size import auto_subtree, require_cost
+from .base import rank_nodes, require_positive, top_children
 from .registry import register
-
-
-def rank_nodes(tree: TokenTree) -> list[int]:
-    """Non-root nodes, best first: by value (= p_hat) descending, then depth, then index."""
-    return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.values[i], tree.depths[i], i))
 
 
 def top_subtree(tree: TokenTree, n: int, children_mode: ChildrenMode = "selected") -> TokenTree:
@@ -90,16 +85,10 @@ class OptTreeBuilder(TreeBuilder):
         if self.delta < 0:
             raise ArborError(f"delta must be >= 0, got {self.delta}")
 
-    @property
-    def needs_cost(self) -> bool:
-        return self.auto
-
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        if self.auto and ctx.cost is None:
-            raise ArborError("opt-tree with auto=true needs the measured cost curve: run it through the decoder "
-                             "(SpeculativeDecoder measures it) or pass cost= to the DraftContext")
+        cost = require_cost(self.name, ctx.cost) if self.auto else None
         tree = self.grow(ctx, root_token).tree
-        return auto_subtree(tree, ctx.cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
+        return auto_subtree(tree, cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
 
     def grow(self, ctx: DraftContext, root_token: int) -> OptTreeResult:
         work = TokenTree.from_root(root_token, self.children_mode)

@@ -136,9 +136,9 @@ class TreeBuilder(ABC):
 
     @property
     def needs_cost(self) -> bool:
-        """True when `build` sizes the tree by the measured cost curve (`budget=auto`): the engine then
-        passes it in the `DraftContext`."""
-        return False
+        """True when `build` sizes the tree by the measured cost curve: a builder with `auto=true`
+        (`budget=auto`); the engine then passes the curve in the `DraftContext`."""
+        return bool(getattr(self, "auto", False))
 
     @property
     def depth_limit(self) -> int:

@@ -17,6 +17,7 @@ module does not import the contracts, which import it.)
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -27,6 +28,7 @@ from .adapter import ModelAdapter
 from .tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+TABLE_ROWS = 258  # t() is tabulated for trees of up to 256 nodes + root
 READ_ROWS = 2  # LM-head rows a timed tree forward computes: a verifier reads accepted length of them (~2 here)
 
 
@@ -39,7 +41,16 @@ class CostCurve:
     context: int = 0               # cache length of the timing forwards
 
     def t(self, rows: int) -> float:
-        """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond."""
+        """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond
+        (tabulated once for the row counts trees use: `budget=auto` asks for it per grown node)."""
+        table = self._table
+        return table[rows] if 0 <= rows < len(table) else self._interpolate(rows)
+
+    @functools.cached_property
+    def _table(self) -> tuple[float, ...]:
+        return tuple(self._interpolate(rows) for rows in range(TABLE_ROWS))
+
+    def _interpolate(self, rows: int) -> float:
         xs, ys = self.tokens, self.relative
         if rows <= xs[0]:
             return ys[0]

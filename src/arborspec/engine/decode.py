@@ -133,10 +133,9 @@ class SpeculativeDecoder:
               draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
               on_tokens: TokenCallback | None) -> str | None:
         """One speculative step (module docstring): extends `committed`, `out` and `steps`; returns the stop reason."""
-        cost = self.cost if self.builder.needs_cost else None
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
-        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, cost, self.acceptance)
+        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance)
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))

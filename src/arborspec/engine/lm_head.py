@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from ..common.timing import clock
 
-# config attributes that make a causal LM's logits differ from lm_head(hidden)
 MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
+# config attributes that make a causal LM's logits differ from lm_head(hidden)
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -76,10 +76,6 @@ class LazyLogits:
         self.rows: dict[int, torch.Tensor] = {}
         self.seconds = 0.0  # spent computing rows (the step statistics count it as verification)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.hidden.shape[0], self.head.weight.shape[0])
-
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
@@ -93,8 +89,3 @@ class LazyLogits:
             self.rows[i] = self.head.logits(self.hidden[i: i + 1])[0]
             self.seconds += clock(self.hidden.device) - t0
         return self.rows[i]
-
-    @property
-    def computed(self) -> int:
-        """Rows computed so far (the verifier's walk)."""
-        return len(self.rows)

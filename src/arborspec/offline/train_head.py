@@ -229,12 +229,9 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
     head = DraftHead(target_model, vocab_ids=vocab_ids)
     head.init_from_target(target_model)
     if cfg.init_from and not (cfg.resume and (cfg.work_path / "checkpoint" / "ckpt.pt").is_file()):
-        from safetensors.torch import load_file
+        from ..drafters.head import load_head
 
-        from ..drafters.head import WEIGHTS_FILE, read_head_config
-
-        read_head_config(cfg.init_from)  # one-line error if it is not a head directory
-        state = load_file(str(Path(cfg.init_from) / WEIGHTS_FILE))
+        state = load_head(cfg.init_from, target_model).state_dict()  # refuses a head of another target
         state["vocab_ids"] = head.vocab_ids  # the draft vocabulary follows this run's data
         head.load_state_dict(state)
         head.refresh_lm_rows()
