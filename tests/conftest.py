@@ -114,6 +114,13 @@ def tiny_pair():
 
 
 @pytest.fixture(scope="session")
+def small_vocab_pair():
+    """A 16-token target and a perturbed copy as draft: small enough for exact distributions (Monte-Carlo tests)."""
+    target = tiny_llama(5, vocab=16, hidden=32, init=0.4)
+    return target, perturbed_copy(target, 6, 0.5)
+
+
+@pytest.fixture(scope="session")
 def embedded():
     """(model, tokenizer) of the embedded SmolLM2 target (converted once, cached)."""
     from arborspec.models import load_model, load_tokenizer

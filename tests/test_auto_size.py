@@ -176,14 +176,6 @@ def test_draft_temperature_keeps_greedy_identity_and_changes_the_tree(tiny_pair,
     assert depths[0.2] != depths[3.0]  # the draft side really changed
 
 
-@pytest.fixture(scope="module")
-def small_vocab_pair():
-    from conftest import perturbed_copy, tiny_llama
-
-    target = tiny_llama(5, vocab=16, hidden=32, init=0.4)
-    return target, perturbed_copy(target, 6, 0.5)
-
-
 def test_auto_subtree_never_grows_estimated_length_per_cost_below_the_fixed_tree():
     tree = _dyspec_tree(3, 30)
     auto = auto_subtree(tree, FLAT, 2)

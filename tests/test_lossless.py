@@ -12,7 +12,6 @@ from arborspec.drafters import ModelDrafter, NgramDrafter
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.engine.sampling import SamplingConfig, probs_from_logits
 
-from conftest import perturbed_copy, tiny_llama
 
 BUILDERS = builder_names()
 # Pair-specific artefacts do not exist for the random test models: C2T uses its joint-probability rule here.
@@ -56,22 +55,15 @@ def test_max_new_tokens_is_exact_and_eos_stops(tiny_pair, name):
 
 
 # --------------------------------------------------------------------------- sampling
-VOCAB = 16
 N_RUNS = 600
 TV_BOUND = 0.1
-
-
-@pytest.fixture(scope="module")
-def small_vocab_pair():
-    target = tiny_llama(5, vocab=VOCAB, hidden=32, init=0.4)
-    return target, perturbed_copy(target, 6, 0.5)
 
 
 def exact_first_two(target, prompt, cfg):
     """Exact law of the first generated token and the marginal law of the second."""
     with torch.no_grad():
         p1 = probs_from_logits(target(torch.tensor([prompt])).logits[0, -1], cfg)
-        rows = torch.stack([target(torch.tensor([prompt + [t]])).logits[0, -1] for t in range(VOCAB)])
+        rows = torch.stack([target(torch.tensor([prompt + [t]])).logits[0, -1] for t in range(target.config.vocab_size)])
     p2 = p1 @ probs_from_logits(rows, cfg)
     return p1, p2
 
