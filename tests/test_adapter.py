@@ -69,18 +69,28 @@ def test_heads_with_logit_transforms_use_the_models_own_logits(tiny_pair):
         target.config.final_logit_softcapping = None
 
 
-def test_compaction_keeps_the_path(tiny_pair):
-    target, _ = tiny_pair
-    lm = ModelAdapter(target)
+COMPACTED_PATH = [1, 2, 3, 4, 5, 6, 8]  # what `forward_and_compact` leaves in the cache
+
+
+def forward_and_compact(model) -> ModelAdapter:
+    """Prefill 1 2 3 4, verify the tree 5 -> {6 -> 8 -> 9, 7}, keep the root and nodes 6, 8 (`COMPACTED_PATH`)."""
+    lm = ModelAdapter(model)
     lm.prefill(torch.tensor([1, 2, 3, 4]))
     tree = TokenTree.from_root(5)
     a = tree.add(0, 6)
     tree.add(0, 7)
     c = tree.add(a, 8)
+    tree.add(c, 9)
     lm.tree_forward(tree)
-    lm.compact(4 + 1, [4 + a, 4 + c])  # keep root, then nodes a and c
+    lm.compact(4 + 1, [4 + a, 4 + c])  # keep the root, then nodes a and c
+    return lm
+
+
+def test_compaction_keeps_the_path(tiny_pair):
+    target, _ = tiny_pair
+    lm = forward_and_compact(target)
     fresh = ModelAdapter(target)
-    fresh.prefill(torch.tensor([1, 2, 3, 4, 5, 6, 8]))
+    fresh.prefill(torch.tensor(COMPACTED_PATH))
     assert_caches_equal(lm.cache, fresh.cache)
 
 

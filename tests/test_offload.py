@@ -26,7 +26,7 @@ from arborspec.models import load_model, parse_device_map, parse_max_memory, pla
 import arborspec.models as models
 
 from conftest import perturbed_copy, tiny_llama
-from test_adapter import assert_caches_equal
+from test_adapter import COMPACTED_PATH, assert_caches_equal, forward_and_compact
 
 GiB = 2**30
 # layers on "cpu" and on "disk", the LM head on disk
@@ -103,19 +103,11 @@ def test_tree_logits_equal_the_plain_models(saved, placed):
 
 
 def test_compaction_keeps_the_path_in_every_layer(saved, placed):
-    lm = ModelAdapter(placed)
-    lm.prefill(torch.tensor([1, 2, 3, 4]))
-    tree = TokenTree.from_root(5)
-    a = tree.add(0, 6)
-    tree.add(0, 7)
-    c = tree.add(a, 8)
-    tree.add(c, 9)
-    lm.tree_forward(tree)
-    lm.compact(4 + 1, [4 + a, 4 + c])  # keep the root, then nodes a and c
+    lm = forward_and_compact(placed)
     assert len(lm.cache.layers) == placed.config.num_hidden_layers
     for model in (placed, saved[0]):  # a fresh prefill of the path, offloaded and plain
         fresh = ModelAdapter(model)
-        fresh.prefill(torch.tensor([1, 2, 3, 4, 5, 6, 8]))
+        fresh.prefill(torch.tensor(COMPACTED_PATH))
         assert_caches_equal(lm.cache, fresh.cache)
 
 
