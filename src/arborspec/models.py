@@ -27,10 +27,12 @@ from typing import Any
 
 import torch
 
+from .common.chat import encode_prompt
 from .common.datafiles import package_file
 from .common.vocab import check_same_tokenizer, check_vocab_size
 from .drafters import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
 from .engine.adapter import ModelAdapter
+from .engine.int8 import quantize_int8
 from .errors import ArborError
 
 EMBEDDED_TARGET = "embedded"
@@ -65,13 +67,39 @@ _DTYPES = {
 }
 
 
+INT8 = "int8"  # the batch-invariant int8 target for CPU (engine/int8.py)
+
+
+def is_int8(name: str | torch.dtype) -> bool:
+    return isinstance(name, str) and name.lower() == INT8
+
+
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """The floating dtype of a precision name; `int8` -> float32 (its activations, norms, caches and drafts)."""
     if isinstance(name, torch.dtype):
         return name
+    if is_int8(name):
+        return torch.float32
     try:
         return _DTYPES[name.lower()]
     except KeyError:
-        raise ArborError(f"unknown dtype {name!r}: use one of float32, float16, bfloat16") from None
+        raise ArborError(f"unknown dtype {name!r}: use one of float32, float16, bfloat16, int8 (CPU)") from None
+
+
+def draft_precision(name: str | torch.dtype) -> str | torch.dtype:
+    """The precision a draft model runs in next to a target of precision `name` (int8 targets: float32 drafts)."""
+    return "float32" if is_int8(name) else name
+
+
+def int8_calibration_samples(tokenizer) -> list[torch.Tensor]:
+    """The built-in calibration text (assets/int8/calibration.txt), one chat-formatted sample per block."""
+    text = (Path(__file__).parent / "assets" / "int8" / "calibration.txt").read_text(encoding="utf-8")
+    samples = []
+    for block in text.split("\n===\n"):
+        user, _, answer = block.strip().partition("\n")
+        ids = encode_prompt(tokenizer, user) + tokenizer(answer, add_special_tokens=False)["input_ids"]
+        samples.append(torch.tensor(ids, dtype=torch.long))
+    return samples
 
 
 def parse_device(name: str | torch.device) -> torch.device:
@@ -279,6 +307,10 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch
     from transformers import AutoModelForCausalLM
 
     placement = placement_kwargs(device_map, max_memory, offload_folder)
+    int8 = is_int8(dtype)
+    if int8 and (placement or torch.device(device).type != "cpu"):
+        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
+                         "use --device cpu, or float16/bfloat16 on a GPU")
     path = resolve_model_path(name)
     kwargs = {"dtype": parse_dtype(dtype), "attn_implementation": "sdpa", **placement}
     try:
@@ -293,6 +325,8 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch
     if not placement:
         model = model.to(parse_device(device))
     model.eval()
+    if int8:
+        quantize_int8(model, int8_calibration_samples(load_tokenizer(name)))
     return model
 
 
@@ -355,7 +389,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     elif is_head_dir(draft):
         drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype)))
     else:
-        draft_model = load_model(draft, adapter.device, dtype)
+        draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)
         drafter = ModelDrafter(draft_model)
     return ModelPair(target, draft, adapter, drafter, tokenizer)

@@ -1,0 +1,177 @@
+"""An int8 target for CPU whose tree verification stays exact (docs/algorithms.md §8).
+
+Int8 is a *different target*: its logits differ from the float32 model's (its quality is
+measured and reported next to its speed: `benchmarks/int8_quality.py`). What must not happen is
+that a token's logits depend on the other tokens of its forward, or tree verification would
+no longer reproduce plain decoding of the same int8 model. Off-the-shelf dynamic quantisation
+(one activation scale per *tensor*) breaks exactly that. This module builds a path that keeps it:
+
+* `Int8Linear`: weights int8 per output channel, activations quantised **per row** (each token
+  with its own scale, computed from that row alone), products accumulated in integers by
+  fbgemm. Integer sums are exact, so a row's result does not depend on its neighbours. The
+  weights use 7 bits (+-63): the AVX2 kernel adds pairs of u8 x s8 products in int16, and
+  255 x 63 x 2 < 2^15 cannot saturate (with 8-bit weights it can, and then the one-row and
+  many-row kernels round differently).
+* SmoothQuant (Xiao et al. 2023) before quantising: per input channel, a scale
+  `s = max|x|^a / max|w|^(1-a)` moves activation outliers into the weights; it is folded into
+  the preceding RMSNorm (q/k/v, gate/up), into `up_proj` (down_proj) and into `v_proj`
+  (o_proj), so the float model is unchanged up to rounding (checked on the calibration text).
+* Attention in float64 (`engine/invariant_attention.py`): the one float32 reduction left whose
+  rounding depends on the number of query rows.
+
+The LM head stays float32 by default (its int8 version costs ~4 points of greedy agreement with
+float32 on this model; `lm_head=True` quantises it too, and a row of it is then exact per row).
+
+fbgemm's kernels are reached through `torch.ops.quantized` (the quantised-tensor API that PyTorch
+has deprecated): torchao's CPU int8 configurations measured either 3x slower than float32
+(weight-only) or not batch-invariant (dynamic activations) on this machine (docs/algorithms.md §8).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+
+from ..errors import ArborError
+from .invariant_attention import use_float64_attention
+
+WEIGHT_LEVELS = 63  # 7-bit weights: no int16 saturation in the AVX2 kernel
+ACT_LEVELS = 127  # 8-bit activations, symmetric around zero point 128
+ACT_ZERO = 128
+SMOOTH_ALPHA = 0.5
+_FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
+
+
+class Int8Linear(nn.Module):
+    """`y = x W^T + b` with int8 per-channel weights and per-row 8-bit activations; exact per row."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float().cpu()
+        scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
+        with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
+            warnings.simplefilter("ignore")
+            qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach().float().cpu()
+        self.register_buffer("bias", bias, persistent=False)
+        self.row_exact = True  # engine/lm_head.py may run it on single rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-30) / ACT_LEVELS
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / scale, 1.0, ACT_ZERO, self._packed)
+        y = y * scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w7a8 per-row"
+
+
+def _layers(model) -> list[nn.Module]:
+    layers = getattr(model.get_decoder(), "layers", None)
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    if layers is None:
+        raise ArborError(f"int8 supports Llama-style decoders; {type(model).__name__} has no `layers`: use --dtype float32")
+    for layer in layers:
+        try:
+            for n in names:
+                layer.get_submodule(n)
+        except AttributeError:
+            raise ArborError(f"int8 supports Llama-style decoder layers (q/k/v/o, gate/up/down, two norms); "
+                             f"{type(layer).__name__} differs: use --dtype float32") from None
+    return list(layers)
+
+
+@torch.no_grad()
+def activation_maxima(model, samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest |activation| each `nn.Linear` of the decoder sees on `samples`."""
+    maxima: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(module, args):
+            seen = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()
+            maxima[name] = seen if name not in maxima else torch.maximum(maxima[name], seen)
+        return hook
+
+    hooks = [m.register_forward_pre_hook(keep(n)) for n, m in model.get_decoder().named_modules()
+             if isinstance(m, nn.Linear)]
+    try:
+        for ids in samples:
+            model(input_ids=ids.view(1, -1))
+    finally:
+        for h in hooks:
+            h.remove()
+    return maxima
+
+
+def _smoothing(act_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    w_max = torch.stack([w.abs().amax(0) for w in weights]).amax(0)
+    return (act_max.clamp_min(1e-5) ** alpha / w_max.clamp_min(1e-5) ** (1 - alpha)).clamp_min(1e-5)
+
+
+@torch.no_grad()
+def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> None:
+    """Fold SmoothQuant scales into the weights (module doc); the float model's function is unchanged."""
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    for i, layer in enumerate(_layers(model)):
+        attn, mlp = layer.self_attn, layer.mlp
+        prefix = f"layers.{i}."
+        for norm, lins, key in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), "self_attn.q_proj"),
+                                (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), "mlp.gate_proj")):
+            s = _smoothing(maxima[prefix + key], [lin.weight for lin in lins], alpha)
+            norm.weight.div_(s)
+            for lin in lins:
+                lin.weight.mul_(s)
+        s = _smoothing(maxima[prefix + "mlp.down_proj"], [mlp.down_proj.weight], alpha)
+        mlp.up_proj.weight.div_(s[:, None])
+        mlp.down_proj.weight.mul_(s)
+        # o_proj reads the attention output; channel (head h, dim d) is linear in v channel (h // group, d)
+        head_dim = attn.o_proj.in_features // heads
+        s = _smoothing(maxima[prefix + "self_attn.o_proj"], [attn.o_proj.weight], alpha)
+        s = s.view(kv_heads, heads // kv_heads, head_dim).amax(1)  # one scale per v channel, shared by its heads
+        attn.v_proj.weight.div_(s.reshape(-1)[:, None])
+        if attn.v_proj.bias is not None:
+            attn.v_proj.bias.div_(s.reshape(-1))
+        attn.o_proj.weight.mul_(s[:, None, :].expand(kv_heads, heads // kv_heads, head_dim).reshape(-1))
+
+
+def _swap_linears(module: nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child))
+        else:
+            _swap_linears(child)
+
+
+@torch.no_grad()
+def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPHA, lm_head: bool = False):
+    """Turn a float32 CPU causal LM into the batch-invariant int8 target, in place; returns it.
+
+    `samples`: token-id tensors of calibration text (activation ranges for the smoothing).
+    """
+    if next(model.parameters()).device.type != "cpu":
+        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels): use --device cpu, or float16/bfloat16 on a GPU")
+    if next(model.parameters()).dtype != torch.float32:
+        raise ArborError("int8 quantises a float32 model: load it with dtype float32 first")
+    reference = model(input_ids=samples[0].view(1, -1)).logits[0]
+    smooth(model, activation_maxima(model, samples), alpha)
+    folded = model(input_ids=samples[0].view(1, -1)).logits[0]
+    if (folded - reference).abs().max() > _FOLD_TOLERANCE * reference.abs().max():
+        raise ArborError(f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
+                         "(not a Llama-style RMSNorm): use --dtype float32")
+    _swap_linears(model.get_decoder())
+    if lm_head:
+        head = model.get_output_embeddings()
+        if isinstance(head, nn.Linear):
+            model.set_output_embeddings(Int8Linear(head))
+    use_float64_attention(model)
+    model.config.arborspec_precision = "int8"
+    return model

@@ -1,0 +1,161 @@
+"""The int8 target (engine/int8.py, docs/algorithms.md §8): exact per-row int8 linears, a smoothing fold
+that keeps the float model, bitwise batch invariance of whole forwards, and greedy identity of every
+builder with plain decoding and HF `generate` of the same int8 model."""
+
+import copy
+
+import pytest
+import torch
+
+from arborspec.builders.registry import builder_names, make_builder
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.int8 import ACT_LEVELS, WEIGHT_LEVELS, Int8Linear, activation_maxima, quantize_int8, smooth
+from arborspec.engine.invariant_attention import NAME
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.tree import TokenTree
+from arborspec.errors import ArborError
+from arborspec.models import load_model, parse_dtype
+
+from conftest import tiny_llama
+from test_lossless import EXTRA, PROMPTS, exact_first_two, first_two_tv, hf_greedy
+
+
+def calibration(vocab: int, n: int = 3, length: int = 40, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=gen) for _ in range(n)]
+
+
+def int8_copy(model):
+    return quantize_int8(copy.deepcopy(model), calibration(model.config.vocab_size))
+
+
+@pytest.fixture(scope="module")
+def int8_pair(tiny_pair):
+    target, draft = tiny_pair
+    return int8_copy(target), draft
+
+
+def test_int8_linear_is_the_exact_integer_product_row_by_row():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 40, bias=True)
+    x = torch.randn(7, 64)
+    x[:, 5] *= 50  # an outlier channel
+    q = Int8Linear(lin)
+    together = q(x)
+    alone = torch.cat([q(x[i: i + 1]) for i in range(7)])
+    assert torch.equal(together, alone)  # a row's result does not depend on the other rows
+    # reference: the same integer arithmetic written out
+    w_scale = lin.weight.abs().amax(1) / WEIGHT_LEVELS
+    w_int = torch.round(lin.weight / w_scale[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS)
+    x_scale = x.abs().amax(1, keepdim=True) / ACT_LEVELS
+    x_int = torch.round(x / x_scale)
+    reference = (x_int.double() @ w_int.double().T) * w_scale.double() * x_scale.double() + lin.bias.double()
+    assert torch.allclose(together.double(), reference, rtol=1e-5, atol=1e-5)
+    assert (together - lin(x)).abs().max() < 0.05 * lin(x).abs().max()  # and it is close to the float product
+
+
+def test_smoothing_fold_keeps_the_float_model():
+    model = tiny_llama(3, layers=2)
+    ids = torch.tensor([[4, 9, 33, 2, 71, 8, 15]])
+    with torch.no_grad():
+        before = model(ids).logits
+        folded = copy.deepcopy(model)
+        samples = calibration(96)
+        samples[0][3:6] = 90  # repeated tokens make a few channels large
+        smooth(folded, activation_maxima(folded, samples), alpha=0.5)
+        after = folded(ids).logits
+    changed = (folded.model.layers[0].input_layernorm.weight - model.model.layers[0].input_layernorm.weight).abs().max()
+    assert changed > 1e-3  # the scales really moved into the weights
+    assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_forward_is_bitwise_batch_invariant(int8_pair):
+    target = int8_pair[0]
+    assert target.config._attn_implementation == NAME
+    ids = torch.tensor([[5, 17, 33, 8, 9, 40, 11, 12, 70, 3, 3, 60, 61, 62, 1, 44]])
+    with torch.no_grad():
+        whole = target.model(ids).last_hidden_state[0]
+        from transformers import DynamicCache
+        for cuts in ([4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [3, 10], [9]):
+            cache, parts, start = DynamicCache(), [], 0
+            for end in cuts + [16]:
+                parts.append(target.model(ids[:, start:end], past_key_values=cache, use_cache=True).last_hidden_state[0])
+                start = end
+            assert torch.equal(torch.cat(parts), whole), cuts
+
+
+def test_int8_tree_forward_equals_plain_forwards_bitwise(int8_pair):
+    """Every node's hidden state (and so its logits row) in a tree forward = a plain forward of its path."""
+    target = int8_pair[0]
+    adapter = ModelAdapter(target)
+    adapter.capture_hidden(True)
+    context = [5, 17, 33, 8, 9]
+    adapter.prefill(torch.tensor(context[:-1]))
+    tree = TokenTree.from_root(context[-1])
+    a, b = tree.add(0, 40), tree.add(0, 41)
+    c = tree.add(a, 42)
+    tree.add(c, 43)
+    tree.add(b, 44)
+    logits = adapter.tree_forward(tree, lazy=True)
+    hidden = adapter.last_hidden
+    for node in range(tree.num_nodes):
+        with torch.no_grad():
+            plain = target.model(torch.tensor([context + tree.path_tokens(node)])).last_hidden_state[0, -1]
+        assert torch.equal(hidden[node], plain), node
+        assert torch.equal(logits[node], adapter.head.logits(plain[None])[0]), node
+
+
+@pytest.mark.parametrize("name", builder_names())
+def test_greedy_int8_matches_plain_int8_and_hf_generate(int8_pair, name):
+    target, draft = int8_pair
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=8, **EXTRA.get(name, {})))
+    for prompt in PROMPTS:
+        spec = dec.generate(prompt, cfg)
+        assert spec.output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids, (name, prompt)
+        assert spec.output_ids == hf_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("name", ["dyspec", "specinfer", "sequoia"])
+def test_sampling_with_an_int8_target_follows_its_distribution(small_vocab_pair, name):
+    target, draft = small_vocab_pair
+    target = int8_copy(target)
+    cfg = SamplingConfig(0.8, top_p=0.95)
+    prompt = [3, 7, 1, 12]
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=6))
+    tv1, tv2 = first_two_tv(dec, prompt, cfg, p1, p2, 600)
+    assert tv1 < 0.1 and tv2 < 0.1, (tv1, tv2)
+
+
+def test_int8_is_refused_off_cpu_and_bad_names_list_it(tmp_path):
+    with pytest.raises(ArborError, match="int8"):
+        parse_dtype("int9")
+    with pytest.raises(ArborError, match="CPU only"):
+        load_model(str(tmp_path), "cuda", "int8")
+    with pytest.raises(ArborError, match="CPU only"):
+        load_model(str(tmp_path), "cpu", "int8", device_map="auto")
+    assert parse_dtype("int8") == torch.float32  # its activations, caches and drafts stay float32
+
+
+@pytest.mark.slow
+def test_embedded_int8_greedy_identity(embedded):
+    """The embedded target in int8 with its draft head: DySpec and OPT-Tree = plain int8 decoding = HF generate."""
+    from arborspec.api import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(target="embedded", method="dyspec", budget=16, dtype="int8")
+    target = gen.pair.target.model
+    assert isinstance(target.model.layers[0].mlp.down_proj, Int8Linear)
+    prompts = ["Explain in a few sentences why the sky is blue.", "Write a Python function that reverses a string."]
+    for method in ("dyspec", "opt-tree"):
+        other = SpeculativeGenerator(method=method, budget=16, pair=gen.pair)
+        for prompt in prompts:
+            spec = other.generate(prompt, max_new_tokens=40)
+            plain = other.generate_autoregressive(prompt, max_new_tokens=40)
+            assert spec.output_ids == plain.output_ids, (method, prompt)
+            assert max(s.accepted_length for s in spec.steps) > 1
+    ids = torch.tensor([plain.prompt_ids])
+    hf = target.generate(ids, do_sample=False, max_new_tokens=40, attention_mask=torch.ones_like(ids))
+    assert hf[0, ids.shape[1]:].tolist()[: len(plain.output_ids)] == plain.output_ids
