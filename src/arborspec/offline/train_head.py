@@ -14,7 +14,7 @@ Stages, each resumable from what it left on disk under `<out>.work/`:
    does at inference, so deeper draft nodes are trained on what they will see.
    AdamW, warm-up + cosine schedule; checkpoints every `ckpt_every` steps and
    on Ctrl-C (which then stops without exporting: `Interrupted`); `--resume`
-   continues.
+   continues with the batches an uninterrupted run would have seen.
 3. **Evaluate** after each epoch on held-out sequences of the same pool and
    report top-1 agreement with the target's greedy token per tree depth
    (depth 1 = chain acceptance at temperature 0).
@@ -252,6 +252,8 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
         head.refresh_lm_rows()
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
+        for _ in range(state["step"] // per_epoch):  # replay the finished epochs' shuffles: same batch order as
+            token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)  # an uninterrupted run from here on
         print(f"arborspec: resuming head training at step {state['step']}/{total}", file=sys.stderr)
     coverage = float(freq[head.vocab_ids].sum()) / max(1, float(freq.sum()))
     interrupted = {"flag": False}
