@@ -30,6 +30,20 @@ def tiny_llama(seed: int, vocab: int = 96, hidden: int = 48, layers: int = 2, in
     return model
 
 
+def char_tokenizer():
+    """A character-level tokenizer for the tiny models' 96 tokens (no chat template), to save beside them."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 124)]  # 92 printable characters + 4 specials = the tiny models' 96 tokens
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(chars)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
 class TableDrafter(Drafter):
     """A drafter whose next-token distribution after each token path is `table(path)` (`[V]` probabilities).
 

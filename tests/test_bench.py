@@ -14,7 +14,7 @@ from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.bench.report import PLOTS, read_results, write_report
 
-from conftest import perturbed_copy, tiny_llama
+from conftest import char_tokenizer, perturbed_copy, tiny_llama
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -185,26 +185,13 @@ def test_report_errors(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = [chr(c) for c in range(32, 124)]  # 92 printable characters + 4 specials = the tiny models' 96 tokens
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(chars)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")
-
-
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     """A tiny random Llama target + a perturbed draft, saved as HF directories with a character tokenizer."""
     root = tmp_path_factory.mktemp("tiny")
     target = tiny_llama(0)
     draft = perturbed_copy(target, 1, 0.3)
-    tok = _char_tokenizer()
+    tok = char_tokenizer()
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
@@ -260,7 +247,9 @@ def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path,
 
     monkeypatch.setattr(bench._Runner, "generate", flaky)
     out = tmp_path / "cut"
-    path = run_bench(_cfg(tiny_dirs, out, **cfg), quiet=True)  # Ctrl-C on the 3rd generation
+    with pytest.raises(KeyboardInterrupt, match="finished runs kept in .*--resume"):  # Ctrl-C on the 3rd generation
+        run_bench(_cfg(tiny_dirs, out, **cfg), quiet=True)
+    path = out / "results.jsonl"
     assert len(_keys(path)) == 2 and (out / "report.md").is_file()
     monkeypatch.setattr(bench._Runner, "generate", real)
     run_bench(_cfg(tiny_dirs, out, resume=True, **cfg), quiet=True)
@@ -298,7 +287,7 @@ def test_unwritable_output_dir_fails_before_loading(tiny_dirs, tmp_path):
 
 
 def test_encode_conversation_without_chat_template(tiny_dirs):
-    tok = _char_tokenizer()
+    tok = char_tokenizer()
     p = load_prompts(str(tiny_dirs / "prompts.jsonl"))[0]
     ids = encode_messages(tok, conversation(p, ["ok"]))
     assert tok.decode(ids, skip_special_tokens=True).endswith("And again?")

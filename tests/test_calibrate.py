@@ -1,4 +1,4 @@
-"""Sequoia calibration on the tiny pair: acceptance vector, costs, the JSON file and its validation."""
+"""Sequoia calibration on the tiny pair: acceptance vector, costs, the JSON file and its validation, resume."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from arborspec.offline.calibrate import (
-    CalibrationConfig, accepted_child_index, calibrate_models, load_calibration, write_sequoia_shape,
+    CalibrationConfig, CalibrationProgress, accepted_child_index, calibrate_models, load_calibration,
+    write_sequoia_shape,
 )
 from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
@@ -117,3 +118,39 @@ def test_greedy_acceptance_is_argmax_match():
     for token, expected in ((1, 0), (2, None), (0, None)):
         only = torch.nn.functional.one_hot(torch.tensor(token), 4).float()
         assert accepted_child_index(logits, only, 1, SamplingConfig(0.0), gen) == expected
+
+
+def test_interrupted_calibration_resumes_to_the_uninterrupted_result(tiny_pair, tiny_calibration, tmp_path, monkeypatch):
+    from arborspec.offline import calibrate as module
+
+    target, draft = tiny_pair
+    partial = tmp_path / "cal.json.partial"
+
+    def run(cfg=CalibrationConfig(temperature=1.0, **SMALL), ids=prompts(), **kw):
+        return calibrate_models(target, ModelDrafter(draft), ids, cfg, target_name="tiny-t", draft_name="tiny-d",
+                                progress=False, progress_file=partial, **kw)
+
+    real, calls = module.target_logits_along, []
+
+    def ctrl_c_on_third_prompt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "target_logits_along", ctrl_c_on_third_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    saved = CalibrationProgress.load(partial)  # written after each finished prompt
+    assert saved.tally.prompts_done == 2 and saved.timing is None and saved.tally.trials == saved.tally.positions * 6
+    monkeypatch.setattr(module, "target_logits_along", real)
+    with pytest.raises(ArborError, match="unfinished calibration: pass --resume"):
+        run()
+    with pytest.raises(ArborError, match="draws=6, not 5"):
+        run(CalibrationConfig(temperature=1.0, **{**SMALL, "draws": 5}), resume=True)
+    with pytest.raises(ArborError, match="prompts="):
+        run(ids=prompts(4), resume=True)
+    cal = run(resume=True)
+    ref = tiny_calibration[0]  # the same calibration, never interrupted: same random draws, same histogram
+    assert (cal.acceptance, cal.positions, cal.trials) == (ref.acceptance, ref.positions, ref.trials)
+    assert CalibrationProgress.load(partial).timing is not None  # kept until the caller saved the result

@@ -1,8 +1,8 @@
 """Long generations: after hundreds of steps and compactions the output is still exactly plain decoding's,
 both KV caches hold exactly the committed tokens after every step, and the context limit ends cleanly.
 
-The suite's share (tiny models, 1,500 tokens, one builder per children mode); the 4,096-token runs on the
-embedded target are issue 11's open part.
+The suite's share (tiny models, 1,500 tokens, one builder per children mode); `benchmarks/long_runs.py`
+makes the same checks on the embedded target at 4,096 tokens, with memory figures.
 """
 
 import pytest
@@ -11,6 +11,7 @@ from arborspec.builders.registry import make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.invariants import CacheCheck
 from arborspec.errors import ArborError
 
 from conftest import perturbed_copy, tiny_llama
@@ -23,22 +24,6 @@ PROMPT = [5, 17, 33, 8, 9, 40]
 def long_pair():
     target = tiny_llama(0, max_pos=2048)
     return target, perturbed_copy(target, 1, 0.3)
-
-
-class CacheCheck:
-    """`on_tokens` callback: after every step, the target cache holds every committed token but the last
-    (the next root) and the draft cache no more than the committed tokens."""
-
-    def __init__(self, dec: SpeculativeDecoder, prompt_len: int) -> None:
-        self.dec, self.committed, self.steps = dec, prompt_len, 0
-
-    def __call__(self, new: list[int]) -> None:
-        self.committed += len(new)
-        self.steps += 1
-        assert self.dec.target.cache_len == self.committed - 1, self.steps
-        assert self.dec.drafter.lm.cache_len <= self.committed, self.steps
-        for layer in self.dec.target.cache.layers:
-            assert layer.keys.shape[2] == self.committed - 1
 
 
 @pytest.mark.parametrize("name", ["dyspec", "specinfer", "opt-tree"])  # without / with replacement / selected

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .errors import ArborError
+from .errors import ArborError, Interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Lossless tree-based speculative decoding.")
 err = Console(stderr=True, soft_wrap=True)
@@ -26,7 +26,8 @@ DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
 def friendly(fn):
-    """Turn ArborError into a one-line message (exit 2) and Ctrl-C into a clean exit (130)."""
+    """Turn ArborError into a one-line message (exit 2) and Ctrl-C into a clean exit (130); a tool stopped
+    by Ctrl-C (`Interrupted`) says where its work is kept and how to continue."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -35,8 +36,8 @@ def friendly(fn):
         except ArborError as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
+        except KeyboardInterrupt as exc:
+            err.print(str(exc) if isinstance(exc, Interrupted) else "interrupted", highlight=False)
             raise typer.Exit(130) from None
 
     return wrapper
@@ -180,7 +181,8 @@ def methods() -> None:
 @app.command()
 @friendly
 def calibrate(
-    out: Path = typer.Option(Path("calibration.json"), "--out", "-o", help="where to write the calibration JSON"),
+    out: Path = typer.Option(Path("calibration.json"), "--out", "-o", help="where to write the calibration JSON (progress is kept in OUT.partial until then)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted calibration from OUT.partial (same settings)"),
     target: str = TargetOpt,
     draft: Optional[str] = DraftOpt,
     device: str = DeviceOpt,
@@ -201,7 +203,7 @@ def calibrate(
     max_memory: Optional[str] = MaxMemoryOpt,
     offload_folder: Optional[Path] = OffloadFolderOpt,
 ) -> None:
-    """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c."""
+    """Sequoia calibration: positional acceptance vector, target forward time t(n) and draft/target cost c; resumable, Ctrl-C safe."""
     from .offline.calibrate import CalibrationConfig
     from .offline.calibrate import calibrate as run_calibration
 
@@ -209,7 +211,7 @@ def calibrate(
     cfg = CalibrationConfig(temperature=temperature, top_k=top_k, top_p=top_p, children=children, draws=draws,
                             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_tree_tokens=max_tree_tokens,
                             timing_context=timing_context, timing_repeats=timing_repeats, seed=seed)
-    cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, device=device, dtype=dtype,
+    cal = run_calibration(target, draft, cfg, prompts_file=prompts, out=out, resume=resume, device=device, dtype=dtype,
                           device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     out_p = ", ".join(f"{x:.3f}" for x in cal.acceptance[:6])
     err.print(f"acceptance p_1.. = [{out_p}, ...]; c = {cal.draft_cost:.3f}; written to {out}", highlight=False)

@@ -46,7 +46,7 @@ from ..engine.contracts import TreeBuilder
 from ..engine.cost import cost_curve_for
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
-from ..errors import ArborError
+from ..errors import ArborError, Interrupted
 from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, load_model,
                       load_pair, placement_kwargs)
 from .prompts import Prompt, conversation, load_prompts
@@ -360,7 +360,8 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     """Run the sweep, write `results.jsonl` + the report into `cfg.out_dir`; return the results path.
 
     `pair`: an already loaded `api.ModelPair` (tests, notebooks); otherwise `cfg.target`/`cfg.draft` are loaded.
-    Ctrl-C stops the run, keeps every finished record and still writes the report.
+    Ctrl-C stops the run, keeps every finished record, still writes the report, then raises `Interrupted`
+    (a KeyboardInterrupt) saying how to continue.
     """
     import torch
 
@@ -394,7 +395,9 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
         interrupted = True
     finally:
         results.close()
-    _finish(path, Path(cfg.out_dir), interrupted, quiet)
+    _finish(path, Path(cfg.out_dir), quiet)
+    if interrupted:
+        raise Interrupted(f"interrupted; finished runs kept in {path}; rerun with --resume to continue")
     return path
 
 
@@ -480,12 +483,10 @@ def _run_one(runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], basel
             "same_as_baseline": same, "config": run.config, "steps": steps_record(run.steps)}
 
 
-def _finish(path: Path, out_dir: Path, interrupted: bool, quiet: bool) -> None:
+def _finish(path: Path, out_dir: Path, quiet: bool) -> None:
     from rich.console import Console
 
     console = Console(stderr=True, quiet=quiet)
-    if interrupted:
-        console.print(f"interrupted: finished runs are kept in {path}; rerun with --resume to continue")
     try:
         report = write_report([path], out_dir)
     except ArborError as exc:

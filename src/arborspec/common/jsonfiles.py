@@ -1,8 +1,10 @@
-"""Reading user-supplied JSON files (shapes, calibrations) with one-line errors that say what to do."""
+"""JSON files: reading user-supplied ones (shapes, calibrations) with one-line errors that say what to do,
+and writing them atomically, so that Ctrl-C or a kill at any moment leaves the old file or the new one."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,3 +20,15 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArborError(f"{what} {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def write_json_atomic(obj: Any, path: str | Path, indent: int | None = 1) -> None:
+    """Write `obj` as JSON to `path` through a temporary file beside it (flushed to disk, then renamed over
+    `path`): a reader never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, indent=indent) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
+from ..common.jsonfiles import write_json_atomic
 from ..common.timing import clock
 from ..engine.contracts import Drafter
 from ..engine.placement import execution_device, materialised
@@ -153,7 +154,7 @@ class DraftHead(nn.Module):
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "draft_vocab_size": int(self.vocab_ids.numel()),
             **(extra or {}),
         }
-        (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_json_atomic(meta, out / CONFIG_FILE, indent=2)
         return out
 
 

@@ -48,6 +48,10 @@ class ModelDrafter(Drafter):
     def max_positions(self) -> int:
         return self.lm.max_positions
 
+    @property
+    def cache_len(self) -> int:
+        return self.lm.cache_len
+
     def reset(self) -> None:
         self.lm.reset()
         self.slots = {}

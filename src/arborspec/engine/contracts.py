@@ -69,6 +69,11 @@ class Drafter(ABC):
     def max_positions(self) -> int:
         return 1 << 30
 
+    @property
+    def cache_len(self) -> int:
+        """Tokens in the drafter's KV cache between steps (never more than the committed ones); 0 without one."""
+        return 0
+
 
 class DraftContext:
     """The draft side of one step: cached per-node draft probabilities and keyed random noise.

@@ -16,6 +16,13 @@ and the machine:
   linearly interpolated), and `c` = one draft forward (one new token on the
   draft's cache) relative to one target token.
 
+**Progress.** With an output file, what is measured is also kept in `<out>.partial`
+(`progress_path`), rewritten atomically after every prompt and after the timing table:
+the histogram so far and the sampler's random state, so Ctrl-C loses at most the prompt
+in flight and `resume=True` (`--resume`) continues to exactly the result of an
+uninterrupted run. Without `resume` an existing progress file is refused, as is a
+resume with other settings; the progress file is removed once the result is written.
+
 `write_sequoia_shape` turns a calibration into a Sequoia shape file: the DP
 optimum for a chosen (size, depth), or the hardware-aware choice of
 `sequoia_dp.choose_size`. The shape is filled at run time by the `sequoia`
@@ -24,7 +31,10 @@ builder and verified with `rejection` (without replacement).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +43,7 @@ import torch
 from ..builders.sequoia_dp import choose_size, optimal_shape, predicted_speedup
 from ..builders.shapes import save_shape
 from ..common.chat import encode_prompt, eos_ids
-from ..common.jsonfiles import read_json_file
+from ..common.jsonfiles import read_json_file, write_json_atomic
 from ..common.progress import progress_enumerate
 from ..common.provenance import machine_info, utc_timestamp
 from ..common.vocab import check_vocab_size
@@ -45,11 +55,12 @@ from ..engine.decode import DecodeConfig, autoregressive_generate
 from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from ..engine.tree import TokenTree
 from ..engine.verifiers import rejection
-from ..errors import ArborError
-from ..models import load_pair
+from ..errors import ArborError, Interrupted
+from ..models import default_draft, load_pair
 from .prompts import read_prompts
 
 CALIBRATION_FORMAT = "arborspec-calibration/1"
+PROGRESS_FORMAT = "arborspec-calibration-progress/1"
 
 @dataclass(kw_only=True)
 class CalibrationConfig:
@@ -99,7 +110,7 @@ class Calibration:
         return self.cost.t(tokens)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=1))
+        write_json_atomic(asdict(self), path)
 
 
 # ---------------------------------------------------------------------------- acceptance
@@ -138,32 +149,65 @@ def target_logits_along(model, ids: list[int], start: int) -> torch.Tensor:  # [
     return out.logits[0, start:].float().cpu()
 
 
+@dataclass(kw_only=True)
+class AcceptanceTally:
+    """The accepted-child histogram over the first `prompts_done` prompts, and the sampler's random state then."""
+
+    hits: list[int]  # trials that accepted the k-th child, k = 1..K
+    positions: int = 0
+    trials: int = 0
+    prompts_done: int = 0
+    generator: str = ""  # state of the acceptance sampler after those prompts (base64); "" = not started
+
+    @property
+    def acceptance(self) -> list[float]:
+        return [h / max(self.trials, 1) for h in self.hits]
+
+
+def _sampler(tally: AcceptanceTally, seed: int) -> torch.Generator:
+    gen = torch.Generator()
+    if not tally.generator:
+        return gen.manual_seed(seed)
+    gen.set_state(torch.frombuffer(bytearray(base64.b64decode(tally.generator)), dtype=torch.uint8))
+    return gen
+
+
 def measure_acceptance(
     target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig,
-    eos_token_ids: tuple[int, ...] = (), progress: bool = True,
-) -> tuple[list[float], int, int]:
-    """Histogram of the accepted child index over all positions; returns (p_1..p_K, positions, trials)."""
+    eos_token_ids: tuple[int, ...] = (), progress: bool = True, start: AcceptanceTally | None = None,
+    on_prompt: Callable[[AcceptanceTally], None] | None = None,
+) -> AcceptanceTally:
+    """Histogram of the accepted child index over all positions of all prompts.
+
+    `start`: a tally of the first prompts (resume); `on_prompt` receives a new tally after every prompt.
+    """
     sampling = cfg.sampling
     draft_side = sampling.draft_side()
-    gen = torch.Generator().manual_seed(cfg.seed)
+    tally = start or AcceptanceTally(hits=[0] * cfg.children)
+    gen = _sampler(tally, cfg.seed)
     target = ModelAdapter(target_model)
-    hits = torch.zeros(cfg.children, dtype=torch.float64)
-    positions = trials = 0
-    for i, prompt in progress_enumerate(prompts, "acceptance", progress):
+    first = tally.prompts_done
+    for j, prompt in progress_enumerate(prompts[first:], "acceptance", progress):
+        i = first + j
         dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, sampling=sampling, seed=cfg.seed + i,
                             eos_token_ids=eos_token_ids)
         ids = list(prompt) + autoregressive_generate(target, list(prompt), dcfg).output_ids
-        start = max(len(prompt) - 1, 0)
-        t_logits = target_logits_along(target_model, ids, start)  # [P, V]
-        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start).cpu(), draft_side)  # [P, V]
+        start_pos = max(len(prompt) - 1, 0)
+        t_logits = target_logits_along(target_model, ids, start_pos)  # [P, V]
+        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start_pos).cpu(), draft_side)  # [P, V]
+        hits, trials = list(tally.hits), tally.trials
         for row in range(t_logits.shape[0]):
             for _ in range(cfg.draws):
                 k = accepted_child_index(t_logits[row], d_probs[row], cfg.children, sampling, gen)
                 if k is not None:
                     hits[k] += 1
                 trials += 1
-            positions += 1
-    return (hits / max(trials, 1)).tolist(), positions, trials
+        state = base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
+        tally = AcceptanceTally(hits=hits, positions=tally.positions + t_logits.shape[0], trials=trials,
+                                prompts_done=i + 1, generator=state)  # one assignment: never half updated
+        if on_prompt is not None:
+            on_prompt(tally)
+    return tally
 
 
 # ---------------------------------------------------------------------------- costs
@@ -172,51 +216,136 @@ def timing_sizes(max_tree_tokens: int) -> list[int]:
     return sorted({1 << i for i in range(max_tree_tokens.bit_length()) if 1 << i <= max_tree_tokens} | {max_tree_tokens})
 
 
+# ---------------------------------------------------------------------------- progress (resume)
+def progress_path(out: str | Path) -> Path:
+    """Where an unfinished calibration keeps its progress: `<out>.partial`, beside the output file."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+@dataclass(kw_only=True)
+class CalibrationProgress:
+    """What a calibration has measured so far: saved after every prompt and after the timing table."""
+
+    settings: dict  # what a resume must match: the pair, the vocabulary, the prompts and every config field
+    tally: AcceptanceTally
+    timing: dict | None = None  # the measured cost curve (`CostCurve.as_dict`), once measured
+    format: str = PROGRESS_FORMAT
+
+    def save(self, path: str | Path) -> None:
+        write_json_atomic(asdict(self), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationProgress":
+        data = read_json_file(path, "calibration progress file")
+        try:
+            if data.get("format") != PROGRESS_FORMAT:
+                raise TypeError(f"format {data.get('format')!r}")
+            return cls(settings=dict(data["settings"]), tally=AcceptanceTally(**data["tally"]), timing=data["timing"])
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArborError(f"{str(path)!r} is not a calibration progress file ({exc}): delete it to start over") from None
+
+
+def calibration_settings(target_name: str, draft_name: str, cfg: CalibrationConfig, prompts_source: str) -> dict:
+    """The settings a progress file records and a resume must match (vocabulary and prompt ids are added
+    once the models are loaded)."""
+    return {"target": target_name, "draft": draft_name, "prompts_source": prompts_source, **asdict(cfg)}
+
+
+def open_progress(path: str | Path | None, settings: dict, resume: bool) -> CalibrationProgress | None:
+    """The saved progress at `path` to continue from, if any; refuse it without `resume` or when one of
+    `settings` differs (one-line ArborErrors)."""
+    if path is None or not Path(path).exists():
+        return None
+    if not resume:
+        raise ArborError(f"{path} holds an unfinished calibration: pass --resume to continue it, or delete it to start over")
+    saved = CalibrationProgress.load(path)
+    for key, value in settings.items():
+        if saved.settings.get(key) != value:
+            raise ArborError(f"{path} was made with {key}={saved.settings.get(key)!r}, not {value!r}: "
+                             "resume with the same settings, or delete it to start over")
+    return saved
+
+
+def _prompts_digest(prompts: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+
+
 # ---------------------------------------------------------------------------- entry points
 def calibrate_models(
     target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig | None = None, *,
     target_name: str, draft_name: str, prompts_source: str = "given token ids",
-    eos_token_ids: tuple[int, ...] = (), progress: bool = True,
+    eos_token_ids: tuple[int, ...] = (), progress: bool = True, progress_file: str | Path | None = None,
+    resume: bool = False,
 ) -> Calibration:
-    """Measure the acceptance vector and the costs for loaded models (`prompts` as token ids)."""
+    """Measure the acceptance vector and the costs for loaded models (`prompts` as token ids).
+
+    `progress_file`: keep the progress there (see the module docstring; the caller removes it once the
+    result is saved); `resume`: continue from it.
+    """
     cfg = cfg or CalibrationConfig()
     check_vocab_size(drafter.vocab_size, target_model.get_output_embeddings().weight.shape[0],
                      fix="calibrate a pair that shares a tokenizer")
     if not prompts:
         raise ArborError("no calibration prompts")
-    acceptance, positions, trials = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress)
-    vocab = drafter.vocab_size
-    curve = measure_cost_curve(ModelAdapter(target_model), drafter, cfg.timing_context,
-                               timing_sizes(cfg.max_tree_tokens), cfg.timing_repeats, cfg.seed)
-    tokens, relative, one = list(curve.tokens), list(curve.relative), curve.one_token_s
+    settings = {**calibration_settings(target_name, draft_name, cfg, prompts_source),
+                "vocab_size": drafter.vocab_size, "prompts": _prompts_digest(prompts)}
+    state = open_progress(progress_file, settings, resume)
+    state = state or CalibrationProgress(settings=settings, tally=AcceptanceTally(hits=[0] * cfg.children))
+
+    def keep(tally: AcceptanceTally) -> None:
+        state.tally = tally
+        if progress_file is not None:
+            state.save(progress_file)
+
+    tally = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress, state.tally, keep)
+    if state.timing is None:
+        curve = measure_cost_curve(ModelAdapter(target_model), drafter, cfg.timing_context,
+                                   timing_sizes(cfg.max_tree_tokens), cfg.timing_repeats, cfg.seed)
+        state.timing = curve.as_dict()
+        keep(tally)
+    curve = CostCurve.from_dict(state.timing)
+    acceptance, trials = tally.acceptance, tally.trials
     p1 = acceptance[0]
     return Calibration(
-        target=target_name, draft=draft_name, vocab_size=vocab, sampling=asdict(cfg.sampling),
-        acceptance=acceptance, positions=positions, trials=trials, time_tokens=tokens, time_relative=relative,
-        time_one_token_s=one, draft_cost=curve.draft_cost, prompts_source=prompts_source, config=asdict(cfg),
-        machine=machine_info(execution_device(target_model)), created=utc_timestamp(),
-        first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
+        target=target_name, draft=draft_name, vocab_size=drafter.vocab_size, sampling=asdict(cfg.sampling),
+        acceptance=acceptance, positions=tally.positions, trials=trials, time_tokens=list(curve.tokens),
+        time_relative=list(curve.relative), time_one_token_s=curve.one_token_s, draft_cost=curve.draft_cost,
+        prompts_source=prompts_source, config=asdict(cfg), machine=machine_info(execution_device(target_model)),
+        created=utc_timestamp(), first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
     )
 
 
 def calibrate(
     target: str = "embedded", draft: str | None = None, cfg: CalibrationConfig | None = None, *,
-    prompts_file: str | Path | None = None, out: str | Path | None = None,
+    prompts_file: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
     device: str = "cpu", dtype: str = "float32", progress: bool = True, device_map: str | dict | None = None,
     max_memory: str | dict | None = None, offload_folder: str | None = None,
 ) -> Calibration:
     """Load the pair by name (draft None = the target's default draft), calibrate on chat-formatted
-    prompts, and write the JSON to `out` when given."""
+    prompts, and write the JSON to `out` when given, keeping the progress beside it (`progress_path`)
+    until then. Ctrl-C after the first prompt raises `Interrupted` naming the progress file; `resume`
+    continues from it."""
     cfg = cfg or CalibrationConfig()
-    pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
     texts, source = read_prompts(prompts_file, cfg.num_prompts)
-    result = calibrate_models(
-        pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
-        target_name=pair.target_name, draft_name=pair.draft_name, prompts_source=source,
-        eos_token_ids=eos_ids(pair.tokenizer, pair.target.model), progress=progress,
-    )
-    if out is not None:
-        result.save(out)
+    partial = progress_path(out) if out is not None else None
+    draft = draft or default_draft(target)
+    open_progress(partial, calibration_settings(target, draft, cfg, source), resume)  # refuse before loading
+    pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
+    try:
+        result = calibrate_models(
+            pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
+            target_name=pair.target_name, draft_name=pair.draft_name, prompts_source=source,
+            eos_token_ids=eos_ids(pair.tokenizer, pair.target.model), progress=progress, progress_file=partial,
+            resume=resume,
+        )
+        if out is not None:
+            result.save(out)
+            partial.unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        if partial is not None and partial.exists():
+            raise Interrupted(f"interrupted; progress kept in {partial}; rerun with --resume to continue") from None
+        raise
     return result
 
 

@@ -48,10 +48,11 @@ from pathlib import Path
 import torch
 
 from ..common.chat import encode_prompt, eos_ids
+from ..common.jsonfiles import write_json_atomic
 from ..common.progress import progress_bar
 from ..common.timing import clock
 from ..common.vocab import check_same_tokenizer, check_vocab_size
-from ..errors import ArborError
+from ..errors import ArborError, Interrupted
 from ..models import load_model, load_tokenizer, parse_dtype
 from .generation import cut_at_eos, left_padded, pad_token_id
 
@@ -305,12 +306,6 @@ def _save_safetensors_atomic(tensors: dict, path: Path, metadata: dict | None = 
     os.replace(tmp, path)
 
 
-def _write_json_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _prepare_data_dir(cfg: DistillConfig, prompts: list[str]) -> Path:
     """Create the data folder, refuse one made with other settings, and record the prompts and settings."""
     data_dir = cfg.work_path / "data"
@@ -323,7 +318,7 @@ def _prepare_data_dir(cfg: DistillConfig, prompts: list[str]) -> Path:
         old = json.loads(meta_path.read_text())
         if old.get("gen_batch_size") != cfg.gen_batch_size or old.get("topk") != cfg.topk or old.get("seed") != cfg.seed:
             raise ArborError(f"{data_dir} holds data made with other settings ({old}); use another --work-dir")
-    _write_json_atomic(meta, meta_path)
+    write_json_atomic(meta, meta_path, indent=2)
     (data_dir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     return data_dir
 
@@ -541,7 +536,7 @@ def _save_checkpoint(ckpt_dir: Path, model, opt, state: dict) -> None:
     tmp = ckpt_dir / "optimizer.safetensors.tmp"
     save_file(opt_tensors, str(tmp))
     os.replace(tmp, ckpt_dir / "optimizer.safetensors")
-    _write_json_atomic({**state, "optimizer_scalars": opt_scalars}, ckpt_dir / "state.json")
+    write_json_atomic({**state, "optimizer_scalars": opt_scalars}, ckpt_dir / "state.json", indent=2)
 
 
 def _load_checkpoint(ckpt_dir: Path, model, opt) -> dict:
@@ -639,7 +634,7 @@ class _Training:
             state["best_val_loss"] = ev["val_loss"]
             state["best_step"] = state["step"]
             _save_checkpoint(self.best_dir, self.model, self.opt, state)
-        _write_json_atomic(state["history"], self.cfg.work_path / "train_history.json")
+        write_json_atomic(state["history"], self.cfg.work_path / "train_history.json", indent=2)
         return ev
 
     def session_fraction(self) -> float:
@@ -696,8 +691,7 @@ def _train_loop(run: _Training, train: list[dict], total: int, interrupt: _Check
                 run.log_checkpoint(run.checkpoint(), total)
             if interrupt.requested:
                 run.checkpoint()
-                print(f"distill: checkpoint saved to {run.ckpt_dir}; rerun with --resume to continue", file=sys.stderr)
-                raise KeyboardInterrupt
+                raise Interrupted(f"interrupted; checkpoint kept in {run.ckpt_dir}; rerun with --resume to continue")
             if cfg.train_time_budget_s and run.session_fraction() > 1:
                 run.checkpoint()
                 print(f"distill: train time budget reached at step {state['step']}/{total}", file=sys.stderr)
@@ -726,7 +720,7 @@ def train_draft(cfg: DistillConfig, target, tok, progress: bool = True) -> dict:
         "best_step": state.get("best_step"), "best_val_loss": state.get("best_val_loss"),
         "final": state["history"][-1] if state["history"] else None,
     }
-    _write_json_atomic(metrics, cfg.work_path / "train_metrics.json")
+    write_json_atomic(metrics, cfg.work_path / "train_metrics.json", indent=2)
     return metrics
 
 
@@ -741,7 +735,7 @@ def _main_thread() -> bool:
 
 def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = None, checkpoint: str = "best") -> Path:
     """Stage 4: write a standard HF directory (fp16 by default) from the best (or last) checkpoint."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import GenerationConfig
 
     ckpt = cfg.work_path / checkpoint
@@ -760,7 +754,7 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
     model.config.dtype = dtype
     model.config.save_pretrained(out)
     weights = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _save_safetensors_atomic(weights, out / "model.safetensors", metadata={"format": "pt"})
     GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id,
                      pad_token_id=model.config.pad_token_id).save_pretrained(out)
     tok.save_pretrained(out)
@@ -776,7 +770,7 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
         "history": state.get("history", []),
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume",)},
     }
-    _write_json_atomic(metrics, out / "metrics.json")
+    write_json_atomic(metrics, out / "metrics.json", indent=2)
     check_vocab_match(tok, str(out))
     return out
 
@@ -798,16 +792,22 @@ def distill(cfg: DistillConfig, progress: bool = True) -> Path:
     if unknown:
         raise ArborError(f"unknown stage(s) {sorted(unknown)}: use data, train, export")
     cfg.work_path.mkdir(parents=True, exist_ok=True)
-    _write_json_atomic(dataclasses.asdict(cfg), cfg.work_path / "config.json")
+    write_json_atomic(dataclasses.asdict(cfg), cfg.work_path / "config.json", indent=2)
     target, tok = _load_target(cfg)
-    if "data" in stages:
-        generate_data(cfg, target, tok, progress=progress)
-    result = None
-    if "train" in stages:
-        result = train_draft(cfg, target, tok, progress=progress)
-    out = Path(cfg.out_dir)
-    if "export" in stages:
-        export_draft(cfg, target, tok, result)
+    try:
+        if "data" in stages:
+            generate_data(cfg, target, tok, progress=progress)
+        result = None
+        if "train" in stages:
+            result = train_draft(cfg, target, tok, progress=progress)
+        out = Path(cfg.out_dir)
+        if "export" in stages:
+            export_draft(cfg, target, tok, result)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # outside training: every shard and checkpoint on disk is whole (atomic writes)
+        raise Interrupted(f"interrupted; data shards and checkpoints kept in {cfg.work_path}; "
+                          "rerun with --resume to continue") from None
     return out
 
 
@@ -833,8 +833,8 @@ def main(argv=None) -> int:
     except ArborError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("distill: interrupted (data shards and the last checkpoint are kept; rerun with --resume)", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"distill: {exc}" if isinstance(exc, Interrupted) else "distill: interrupted", file=sys.stderr)
         return 130
     print(out)
     return 0

@@ -31,6 +31,7 @@ from ..common.progress import progress_bar
 from ..drafters import ModelDrafter
 from ..engine.adapter import ModelAdapter
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from ..engine.invariants import CacheCheck
 from ..engine.sampling import SamplingConfig
 
 EXTRA = {"c2t": {"classifier": "none"}}  # no trained classifier exists for random pairs
@@ -95,21 +96,6 @@ def draw_case(case_seed: int) -> dict:
     return case
 
 
-class _StepCheck:
-    """`on_tokens`: cache lengths after every step."""
-
-    def __init__(self, dec: SpeculativeDecoder, prompt_len: int) -> None:
-        self.dec, self.committed, self.step = dec, prompt_len, 0
-
-    def __call__(self, new: list[int]) -> None:
-        self.committed += len(new)
-        self.step += 1
-        if self.dec.target.cache_len != self.committed - 1:
-            raise AssertionError(f"target cache {self.dec.target.cache_len} != committed - 1 = {self.committed - 1}")
-        if self.dec.drafter.lm.cache_len > self.committed:
-            raise AssertionError(f"draft cache {self.dec.drafter.lm.cache_len} > committed {self.committed}")
-
-
 def run_case(case_seed: int) -> tuple[int, int]:
     """Run one case; raise AssertionError (with the step in `.step`) on a broken invariant. Returns (steps, tokens)."""
     case = draw_case(case_seed)
@@ -121,11 +107,11 @@ def run_case(case_seed: int) -> tuple[int, int]:
     params = {**EXTRA.get(case["builder"], {})}
     dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft),
                              make_builder(case["builder"], budget=case["budget"], **params))
-    check = _StepCheck(dec, len(prompt))
+    check = CacheCheck(dec, len(prompt))
     try:
         result = dec.generate(prompt, cfg, on_tokens=check)
     except AssertionError as exc:
-        exc.step = check.step
+        exc.step = check.steps
         raise
     out = result.output_ids
     _require(len(out) == cfg.max_new_tokens, f"{len(out)} tokens for max_new_tokens {cfg.max_new_tokens}")

@@ -13,7 +13,8 @@ Stages, each resumable from what it left on disk under `<out>.work/`:
    and to its own earlier predicted rows exactly as a depth-(k-1) tree node
    does at inference, so deeper draft nodes are trained on what they will see.
    AdamW, warm-up + cosine schedule; checkpoints every `ckpt_every` steps and
-   on Ctrl-C; `--resume` continues.
+   on Ctrl-C (which then stops without exporting: `Interrupted`); `--resume`
+   continues with the batches an uninterrupted run would have seen.
 3. **Evaluate** after each epoch on held-out sequences of the same pool and
    report top-1 agreement with the target's greedy token per tree depth
    (depth 1 = chain acceptance at temperature 0).
@@ -25,7 +26,6 @@ training split; 0 keeps the full vocabulary.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import signal
@@ -37,8 +37,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..common.jsonfiles import write_json_atomic
 from ..common.progress import progress_bar
 from ..drafters.head import DraftHead
+from ..errors import Interrupted
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data, token_frequencies
 
 
@@ -250,6 +252,8 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
         head.refresh_lm_rows()
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
+        for _ in range(state["step"] // per_epoch):  # replay the finished epochs' shuffles: same batch order as
+            token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)  # an uninterrupted run from here on
         print(f"arborspec: resuming head training at step {state['step']}/{total}", file=sys.stderr)
     coverage = float(freq[head.vocab_ids].sum()) / max(1, float(freq.sum()))
     interrupted = {"flag": False}
@@ -308,11 +312,22 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
 
 
 def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
-    """All stages; returns the exported head directory."""
+    """All stages; returns the exported head directory. Ctrl-C raises `Interrupted` saying what is kept
+    (whole data shards, the checkpoint of the last finished step) and nothing is exported."""
     from ..models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.target)
     target = load_model(cfg.target, cfg.device, "float32")
+    try:
+        return _stages(cfg, target, tokenizer, progress)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # outside the training loop: every file on disk is whole (atomic writes)
+        raise Interrupted(f"interrupted; data shards and checkpoints kept in {cfg.work_path}; "
+                          "rerun with --resume to continue") from None
+
+
+def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     data_dir = cfg.work_path / "data"
     if not cfg.skip_data:
         generate_head_data(cfg.data, target, tokenizer, data_dir, progress=progress)
@@ -321,7 +336,7 @@ def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
     target.requires_grad_(False)
     head, info = train(cfg, target, train_seqs, val_seqs, progress)
     if info["interrupted"]:
-        print(f"arborspec: interrupted; checkpoint kept in {cfg.work_path / 'checkpoint'}; rerun with --resume", file=sys.stderr)
+        raise Interrupted(f"interrupted; checkpoint kept in {cfg.work_path / 'checkpoint'}; rerun with --resume to continue")
     best_dir = cfg.work_path / "best"
     if (best_dir / "head.safetensors").is_file():
         from ..drafters.head import load_head
@@ -332,5 +347,5 @@ def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
                           "data": {**cfg.data.settings(), "sequences": len(seqs), "answer_tokens": n_answer,
                                    "all_tokens": sum(len(s.tokens) for s in seqs)}}}
     out = head.save(cfg.out, cfg.target, target, extra=extra)
-    (Path(cfg.out) / "training.json").write_text(json.dumps(extra["training"], indent=2) + "\n")
+    write_json_atomic(extra["training"], Path(cfg.out) / "training.json", indent=2)
     return out
