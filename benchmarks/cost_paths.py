@@ -6,7 +6,9 @@ Paths, each a forward of n rows (a star tree: root + n - 1 children) over a cach
 
 * `model-logits`: the model's own forward, LM head (`F.linear`) on all n rows: how every step ran before;
 * `decoder+rows`: the decoder, then the LM head on the rows a verifier reads (`--rows`, default 2: an accepted
-  length of 2), one row at a time by the matrix-vector product (engine/lm_head.py): how a step runs now.
+  length of 2), one row at a time by the matrix-vector product (engine/lm_head.py): how a step runs now;
+* `int8 decoder+rows`: the same on the batch-invariant int8 target (`--dtype int8`, engine/int8.py;
+  docs/algorithms.md §8), a different target whose quality benchmarks/int8_quality.py reports.
 
 For n = 1 `decoder+rows` computes one row: plain decoding's step. Ratios are to `model-logits` at n = 1
 (today's single token before the change), as issue 9 asks, and to each path's own n = 1.
@@ -49,8 +51,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     adapter = ModelAdapter(load_model(args.target, "cpu", "float32"))
+    int8 = ModelAdapter(load_model(args.target, "cpu", "int8"))
     context = random_context(adapter.vocab_size, args.context)
     adapter.prefill(torch.tensor(context))
+    int8.prefill(torch.tensor(context))
     past = adapter.cache_len
 
     def model_logits(tree: TokenTree) -> None:
@@ -59,12 +63,13 @@ def main() -> None:
                             position_ids=tree.position_ids(past), past_key_values=adapter.cache, use_cache=True)
         out.logits.float()
 
-    def decoder_rows(tree: TokenTree) -> None:
-        lazy = adapter.tree_forward(tree, lazy=True)
+    def decoder_rows(tree: TokenTree, on: ModelAdapter = adapter) -> None:
+        lazy = on.tree_forward(tree, lazy=True)
         for i in range(min(args.rows, tree.num_nodes)):
             lazy[i]
 
-    paths = {"model-logits": model_logits, "decoder+rows": decoder_rows}
+    paths = {"model-logits": model_logits, "decoder+rows": decoder_rows,
+             "int8 decoder+rows": lambda tree: decoder_rows(tree, int8)}
     times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in sizes} for p in paths}
     with torch.inference_mode():
         for rep in range(args.repeats + 2):  # interleaved: every path and size once per round; 2 warm-up rounds
@@ -75,6 +80,7 @@ def main() -> None:
                     fn(tree)
                     dt = time.perf_counter() - t0
                     adapter.crop_to(past)
+                    int8.crop_to(past)
                     if rep >= 2:
                         times[name][n].append(dt)
     med = {p: {n: statistics.median(v) for n, v in d.items()} for p, d in times.items()}

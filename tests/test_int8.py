@@ -11,7 +11,8 @@ from arborspec.builders.registry import builder_names, make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.int8 import ACT_LEVELS, WEIGHT_LEVELS, Int8Linear, activation_maxima, quantize_int8, smooth
+from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima, quantize_int8,
+                                   smooth)
 from arborspec.engine.invariant_attention import NAME
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
@@ -54,6 +55,20 @@ def test_int8_linear_is_the_exact_integer_product_row_by_row():
     reference = (x_int.double() @ w_int.double().T) * w_scale.double() * x_scale.double() + lin.bias.double()
     assert torch.allclose(together.double(), reference, rtol=1e-5, atol=1e-5)
     assert (together - lin(x)).abs().max() < 0.05 * lin(x).abs().max()  # and it is close to the float product
+
+
+def test_a_group_of_linears_gives_each_member_its_own_int8_product_and_holds_nothing_after():
+    torch.manual_seed(1)
+    linears = [torch.nn.Linear(48, n, bias=b) for n, b in ((48, True), (24, False), (24, True))]
+    group = Int8Group(linears)
+    x = torch.randn(5, 48)
+    for member, lin in zip(group.members, linears):
+        assert torch.equal(member(x), Int8Linear(lin)(x))
+    assert group.last_input is None and group.last_output is None  # every member served: references dropped
+    y = torch.randn(5, 48)
+    first = group.members[0](y)
+    assert torch.equal(group.members[0](y), first)  # a second call from the same member recomputes, same result
+    assert torch.equal(group.members[2](x), Int8Linear(linears[2])(x))  # a new input is never served stale rows
 
 
 def test_smoothing_fold_keeps_the_float_model():

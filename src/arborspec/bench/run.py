@@ -47,8 +47,8 @@ from ..engine.cost import cost_curve_for
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError, Interrupted
-from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, load_model,
-                      load_pair, placement_kwargs)
+from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, draft_precision,
+                      load_model, load_pair, placement_kwargs)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
@@ -273,7 +273,7 @@ class _Runner:
         if isinstance(self.pair.drafter, ModelDrafter):
             return self.pair.drafter.lm.model, "the draft model as assistant_model"
         if self.pair.target_name == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
-            model = load_model(EMBEDDED_DRAFT, self.pair.target.device, self.cfg.dtype)
+            model = load_model(EMBEDDED_DRAFT, self.pair.target.device, draft_precision(self.cfg.dtype))
             return model, (f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since the pair's "
                            f"draft ({self.pair.draft_name}) is not a model transformers can run")
         return None, ("prompt lookup (prompt_lookup_num_tokens=10), since the pair's draft is not a model "

@@ -44,33 +44,95 @@ SMOOTH_ALPHA = 0.5
 _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
 
 
+def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
+    """fbgemm's packed int8 weight: per output channel, scale max|w| / 63."""
+    w = weight.detach().float().cpu()
+    scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
+    with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
+        warnings.simplefilter("ignore")
+        qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
+def int8_rows_linear(x: torch.Tensor, packed, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products summed in integers."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / scale, 1.0, ACT_ZERO, packed)
+    y.mul_(scale)
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], out_features).to(x.dtype)
+
+
 class Int8Linear(nn.Module):
     """`y = x W^T + b` with int8 per-channel weights and per-row 8-bit activations; exact per row."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        w = linear.weight.detach().float().cpu()
-        scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
-        with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-            self._packed = torch.ops.quantized.linear_prepack(qw, None)
+        self._packed = _pack(linear.weight, None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().float().cpu()
         self.register_buffer("bias", bias, persistent=False)
         self.row_exact = True  # engine/lm_head.py may run it on single rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()
-        scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-30) / ACT_LEVELS
-        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / scale, 1.0, ACT_ZERO, self._packed)
-        y = y * scale
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return int8_rows_linear(x, self._packed, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w7a8 per-row"
+
+
+class Int8Group:
+    """Several linears that read the same input (q/k/v, gate/up) as one int8 product over their stacked rows.
+
+    The decoder calls them one after the other on the same tensor; the first call computes every
+    member's output, the others take their slice. Per output element the arithmetic is the one
+    of a separate `Int8Linear` (per-channel weight scales, the same per-row activation scale).
+    """
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        biases = [lin.bias for lin in linears]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach().float() if b is not None else torch.zeros(lin.out_features)
+             for b, lin in zip(biases, linears)]).cpu()
+        self.packed = _pack(weight, None)
+        self.out_features = weight.shape[0]
+        self.last_input: torch.Tensor | None = None
+        self.last_output: torch.Tensor | None = None
+        self.served: set[int] = set()
+        edges = [0]
+        for lin in linears:
+            edges.append(edges[-1] + lin.out_features)
+        self.members = [Int8GroupMember(self, i, a, b, lin.in_features)
+                        for i, (a, b, lin) in enumerate(zip(edges, edges[1:], linears))]
+
+    def output_for(self, x: torch.Tensor, member: int) -> torch.Tensor:
+        """The group's output for `x`; computed on the first member's call, released after the last one's."""
+        if x is not self.last_input or member in self.served:  # `is` on a held reference: never a reused tensor
+            self.last_output = int8_rows_linear(x, self.packed, self.bias, self.out_features)
+            self.last_input, self.served = x, set()
+        out = self.last_output
+        self.served.add(member)
+        if len(self.served) == len(self.members):  # every member has its slice: hold no activations
+            self.last_input = self.last_output = None
+        return out
+
+
+class Int8GroupMember(nn.Module):
+    """One linear of an `Int8Group` (its slice of the group's output)."""
+
+    def __init__(self, group: Int8Group, index: int, start: int, end: int, in_features: int) -> None:
+        super().__init__()
+        self.group, self.index, self.start, self.end = group, index, start, end
+        self.in_features, self.out_features = in_features, end - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output_for(x, self.index)[..., self.start: self.end]
+
+    def extra_repr(self) -> str:
+        return f"rows {self.start}:{self.end} of a shared int8 product"
 
 
 def _layers(model) -> list[nn.Module]:
@@ -143,12 +205,21 @@ def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) 
         attn.o_proj.weight.mul_(s[:, None, :].expand(kv_heads, heads // kv_heads, head_dim).reshape(-1))
 
 
-def _swap_linears(module: nn.Module) -> None:
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child))
-        else:
-            _swap_linears(child)
+GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
+def _swap_linears(model) -> None:
+    """Every decoder linear -> int8; those that share an input run as one `Int8Group`."""
+    for layer in _layers(model):
+        for parent_name, names in GROUPS:
+            parent = layer.get_submodule(parent_name)
+            group = Int8Group([getattr(parent, n) for n in names])
+            for name, member in zip(names, group.members):
+                setattr(parent, name, member)
+    for parent in model.get_decoder().modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
 
 
 @torch.no_grad()
@@ -167,11 +238,10 @@ def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPH
     if (folded - reference).abs().max() > _FOLD_TOLERANCE * reference.abs().max():
         raise ArborError(f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
                          "(not a Llama-style RMSNorm): use --dtype float32")
-    _swap_linears(model.get_decoder())
+    _swap_linears(model)
     if lm_head:
         head = model.get_output_embeddings()
         if isinstance(head, nn.Linear):
             model.set_output_embeddings(Int8Linear(head))
     use_float64_attention(model)
-    model.config.arborspec_precision = "int8"
     return model

@@ -9,8 +9,8 @@ every linear re-quantises its input, a 1e-6 change that crosses a rounding step
 moves an activation by a whole quantisation step, and thirty layers later a logit
 moves by whole units.
 
-This attention computes the scores, the softmax and the weighted sum in float64
-and rounds the result to the model's dtype once. The kernels still sum in their
+This attention runs PyTorch's fused attention kernel in float64 (scores, softmax
+and weighted sum) and rounds the result to the model's dtype once. The kernels still sum in their
 own order, but the float64 results differ in the 16th digit, and rounding to
 float32 maps them to the same value unless one lies within about 1e-16 (relative)
 of a float32 rounding boundary. With the int8 linears of `engine/int8.py`, which
@@ -26,6 +26,7 @@ or none (plain causal: query i sees every key up to its own position).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 
 NAME = "arborspec_float64"
@@ -34,25 +35,20 @@ NAME = "arborspec_float64"
 def float64_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None,
                       dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
-    """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]` (transformers' layout)."""
-    b, heads, q_len, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    group = heads // kv_heads  # query head h reads kv head h // group (grouped-query attention)
-    q = query.reshape(b, kv_heads, group * q_len, dim).double()
-    scores = torch.matmul(q, key.double().transpose(-1, -2)).view(b, kv_heads, group, q_len, length)
-    scores = scores * (scaling if scaling is not None else dim ** -0.5)
+    """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]` (transformers' layout).
+
+    PyTorch's fused attention kernel in float64 (grouped-query heads without copies).
+    """
+    q_len, length = query.shape[2], key.shape[2]
+    mask = None
     if attention_mask is not None:
-        mask = attention_mask[..., :length].unsqueeze(2)  # [B, 1, 1, Q, L]
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.double()
-    elif q_len > 1:  # plain causal chunk after the cache
-        visible = torch.arange(length, device=query.device)[None, :] <= torch.arange(
+        mask = attention_mask[..., :length]
+        mask = mask if mask.dtype == torch.bool else mask.double()
+    elif q_len > 1:  # plain causal chunk after the cache: query i sees keys up to position length - q_len + i
+        mask = torch.arange(length, device=query.device)[None, :] <= torch.arange(
             length - q_len, length, device=query.device)[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(b, kv_heads, group * q_len, length)
-    out = torch.matmul(probs, value.double()).view(b, heads, q_len, dim)
+    out = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
