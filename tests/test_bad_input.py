@@ -101,6 +101,9 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--max-new-tokens", "0", "--target", "/no/such/dir"], "does not exist"),
     (["generate", "hi", "--param", "gamma"], "name=value"),
     (["generate", "hi", "--draft", "/no/such/head"], "does not exist"),
+    (["generate", "hi", "--dtype", "int9"], "int8 (CPU)"),
+    (["generate", "hi", "--dtype", "int8", "--device", "cuda"], "CPU only"),
+    (["generate", "hi", "--dtype", "int8", "--device-map", "auto"], "CPU only"),
     (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
     (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
 ])

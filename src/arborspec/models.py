@@ -86,6 +86,14 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ArborError(f"unknown dtype {name!r}: use one of float32, float16, bfloat16, int8 (CPU)") from None
 
 
+def check_precision(dtype: str | torch.dtype, device: str | torch.device, placement: dict | None = None) -> None:
+    """A known precision that this device can run (one-line ArborError otherwise)."""
+    parse_dtype(dtype)
+    if is_int8(dtype) and (placement or torch.device(device).type != "cpu"):
+        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
+                         "use --device cpu, or float16/bfloat16 on a GPU")
+
+
 def draft_precision(name: str | torch.dtype) -> str | torch.dtype:
     """The precision a draft model runs in next to a target of precision `name` (int8 targets: float32 drafts)."""
     return "float32" if is_int8(name) else name
@@ -307,10 +315,8 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch
     from transformers import AutoModelForCausalLM
 
     placement = placement_kwargs(device_map, max_memory, offload_folder)
+    check_precision(dtype, device, placement)
     int8 = is_int8(dtype)
-    if int8 and (placement or torch.device(device).type != "cpu"):
-        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
-                         "use --device cpu, or float16/bfloat16 on a GPU")
     path = resolve_model_path(name)
     kwargs = {"dtype": parse_dtype(dtype), "attn_implementation": "sdpa", **placement}
     try:
@@ -378,7 +384,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     target's execution device.
     """
     draft = draft or default_draft(target)
-    placement_kwargs(device_map, max_memory, offload_folder)  # bad placement fails before anything is loaded
+    # bad placement or precision fails before anything is loaded
+    check_precision(dtype, device, placement_kwargs(device_map, max_memory, offload_folder))
     if draft != NGRAM_DRAFT and not is_head_dir(draft):
         resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)
