@@ -46,3 +46,16 @@ def test_max_new_tokens_past_the_context_is_a_clean_error(long_pair):
     # the largest request that fits runs to its end
     fits = 2048 - len(PROMPT) - dec.builder.depth_limit - 1
     assert len(dec.generate(PROMPT, DecodeConfig(max_new_tokens=fits)).output_ids) == fits
+
+
+def test_freed_memory_is_given_back_every_so_many_committed_tokens(monkeypatch):
+    """engine/allocator.py: a trim each time `every` more tokens are committed, whatever the step sizes."""
+    from arborspec.engine import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "_TRIM", lambda pad: calls.append(pad))
+    trim = allocator.PeriodicTrim("cpu", every=10)
+    for n in [3, 3, 3, 3, 1, 7, 2, 1, 25]:  # running totals 3 6 9 12 13 20 22 23 48
+        trim.advance(n)
+    assert trim.calls == len(calls) == 3 and calls == [0] * 3  # crossed 10, 20, then 30 and 40 at once: one call
+    assert not allocator.PeriodicTrim("cuda:0").active

@@ -24,6 +24,7 @@ from ..common.vocab import check_vocab_size
 from ..errors import ArborError
 from .acceptance import AcceptanceModel
 from .adapter import ModelAdapter
+from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
 from .reorder import dfs_order
@@ -110,6 +111,7 @@ class SpeculativeDecoder:
         committed = list(prompt_ids)
         out: list[int] = []
         steps: list[StepStats] = []
+        trim = PeriodicTrim(self.target.device)
         t_start = clock(self.target.device)
         stop = None
         try:
@@ -119,6 +121,7 @@ class SpeculativeDecoder:
                     self.drafter.observe(self.target.last_hidden)
             while stop is None:
                 stop = self._step(committed, out, steps, cfg, draft_cfg, verify, gen, features, on_tokens)
+                trim.advance(steps[-1].accepted_length)
         except KeyboardInterrupt:
             raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
         return self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
@@ -179,6 +182,7 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
     target.reset()
     out: list[int] = []
     steps: list[StepStats] = []
+    trim = PeriodicTrim(target.device)
     t_start = clock(target.device)
     stop = None
 
@@ -201,6 +205,7 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
             t1 = clock(target.device)
             steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
                                    build_time=0.0, verify_time=t1 - t0, other_time=0.0))
+            trim.advance(1)
     except KeyboardInterrupt:
         raise GenerationInterrupted(result("interrupted")) from None
     return result(stop)
