@@ -14,7 +14,8 @@ from arborspec.bench.run import (BASELINE, BenchConfig, RunKey, conversation_ids
 from arborspec.errors import ArborError
 
 from conftest import perturbed_copy, tiny_llama
-from test_bench import _char_tokenizer, _run, _steps, _synthetic_records, _write_results
+from conftest import char_tokenizer
+from test_bench import _run, _steps, _synthetic_records, _write_results
 
 
 # ---------------------------------------------------------------------------------------------- synthetic runs
@@ -144,7 +145,7 @@ def test_bad_turns_fails_before_loading(tmp_path):
 
 
 def test_later_turns_follow_the_baseline_answers():
-    tok = _char_tokenizer()
+    tok = char_tokenizer()
     prompt = Prompt("p", ["First question.", "Second one?", "Third!"])
     base = RunKey(0, 3, BASELINE, 0.6, 1, 0)
     done = {RunKey(0, k, BASELINE, 0.6, 1, 0): {"output_ids": tok(f"ANSWER {k}")["input_ids"]} for k in (1, 2)}
@@ -161,7 +162,7 @@ def three_turn_dirs(tmp_path_factory):
     """A tiny target + perturbed draft with a character tokenizer; one 3-turn prompt and one single-turn prompt."""
     root = tmp_path_factory.mktemp("tiny3")
     target = tiny_llama(0)
-    tok = _char_tokenizer()
+    tok = char_tokenizer()
     for name, model in (("target", target), ("draft", perturbed_copy(target, 1, 0.3))):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
@@ -189,7 +190,7 @@ def test_three_turn_prompt_runs_every_turn(three_turn_dirs, tmp_path):
     assert lengths[1] < lengths[2] < lengths[3]
     done = {RunKey.of(r): r for r in runs}
     prompt = load_prompts(str(three_turn_dirs / "prompts.jsonl"))[0]
-    ids = conversation_ids(_char_tokenizer(), True, prompt, RunKey(0, 3, BASELINE, 0.0, 0, 0), done)
+    ids = conversation_ids(char_tokenizer(), True, prompt, RunKey(0, 3, BASELINE, 0.0, 0, 0), done)
     assert lengths[3] == len(ids)
     text = (tmp_path / "run" / "report.md").read_text()
     assert "turns=all" in text and "| method | chat (n=1) | count (n=1) | all (n=2) |" in text
