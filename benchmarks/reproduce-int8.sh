@@ -22,7 +22,7 @@ $P benchmarks/int8_quality.py --num-prompts $MT --max-new-tokens 64 --out $OUT/i
 rm -rf $OUT/int8-mtbench-t0
 $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
   --compare-hf-assisted --out $OUT/int8-mtbench-t0 \
-  -m dyspec:budget=auto -m dyspec:budget=16 -m opt-tree:budget=16 -m opt-tree:budget=auto
+  -m dyspec:budget=auto -m dyspec:budget=16 -m opt-tree:budget=16
 
 # 3. MT-Bench, T = 0.6 (seed 0), int8 target: the sampled-tree method, fixed and auto.
 rm -rf $OUT/int8-mtbench-t06
