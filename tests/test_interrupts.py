@@ -16,6 +16,8 @@ from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.stats import GenerationInterrupted
 
+from test_resume_after_signal import sigint_as_at_a_terminal
+
 PROMPT = [5, 17, 33, 8, 9, 40]
 
 
@@ -56,7 +58,7 @@ def test_ctrl_c_in_the_cli_prints_what_was_generated():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from arborspec.cli import app; app()", "generate",
            "Write a very long story about a lighthouse keeper.", "-n", "2000", "--method", "dyspec"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=sigint_as_at_a_terminal,
                             cwd=Path(__file__).resolve().parents[1])
     os.set_blocking(proc.stdout.fileno(), False)
     text, deadline = b"", time.time() + 240

@@ -48,6 +48,12 @@ def tiny(tmp_path_factory) -> Path:
     return root
 
 
+def sigint_as_at_a_terminal() -> None:
+    """In the child: SIGINT delivered as at a terminal. A suite started as a background job (`make test &`,
+    `nohup`) has SIGINT ignored, children inherit that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """One `arborspec ...` process; stdout and stderr go to files (a full pipe would stall it)."""
 
@@ -57,7 +63,7 @@ class Command:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         with open(logs / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-c", "from arborspec.cli import app; app()", *args],
-                                         stdout=out, stderr=err, env=env, cwd=REPO)
+                                         stdout=out, stderr=err, env=env, cwd=REPO, preexec_fn=sigint_as_at_a_terminal)
 
     @property
     def stderr(self) -> str:
