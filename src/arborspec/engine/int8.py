@@ -44,7 +44,7 @@ SMOOTH_ALPHA = 0.5
 _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
 
 
-def _pack(weight: torch.Tensor, bias: torch.Tensor | None):
+def _pack(weight: torch.Tensor):
     """fbgemm's packed int8 weight: per output channel, scale max|w| / 63."""
     w = weight.detach().float().cpu()
     scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
@@ -70,7 +70,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self._packed = _pack(linear.weight, None)
+        self._packed = _pack(linear.weight)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().float().cpu()
         self.register_buffer("bias", bias, persistent=False)
@@ -97,7 +97,7 @@ class Int8Group:
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach().float() if b is not None else torch.zeros(lin.out_features)
              for b, lin in zip(biases, linears)]).cpu()
-        self.packed = _pack(weight, None)
+        self.packed = _pack(weight)
         self.out_features = weight.shape[0]
         self.last_input: torch.Tensor | None = None
         self.last_output: torch.Tensor | None = None
@@ -194,6 +194,8 @@ def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) 
                 lin.weight.mul_(s)
         s = _smoothing(maxima[prefix + "mlp.down_proj"], [mlp.down_proj.weight], alpha)
         mlp.up_proj.weight.div_(s[:, None])
+        if mlp.up_proj.bias is not None:
+            mlp.up_proj.bias.div_(s)
         mlp.down_proj.weight.mul_(s)
         # o_proj reads the attention output; channel (head h, dim d) is linear in v channel (h // group, d)
         head_dim = attn.o_proj.in_features // heads
