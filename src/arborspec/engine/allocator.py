@@ -3,10 +3,9 @@
 Why: every step grows the KV caches by a tree's rows and crops them back (engine/adapter.py),
 so tensors of slowly growing sizes are allocated and freed thousands of times. glibc's
 allocator keeps such freed blocks in its heap rather than returning them, and a long
-generation's resident memory then grows well beyond its KV cache: a 4,096-token run
-measured several hundred MiB of freed-but-kept memory (benchmarks/long-4096.json, README
-"What is guaranteed"). `malloc_trim(0)` returns that memory; calling it regularly keeps the process's memory at the size of what it holds, for a few
-milliseconds per call. Speculative and plain decoding both call it every `TRIM_EVERY`
+generation's resident memory then grows beyond its KV cache (README, "What is guaranteed":
+the 4,096-token runs). `malloc_trim(0)` returns that memory, for a few milliseconds per
+call. Speculative and plain decoding both call it every `TRIM_EVERY`
 committed tokens, so comparisons stay fair.
 
 Elsewhere than Linux with glibc (or on a CUDA device, whose memory has its own allocator)

@@ -19,12 +19,12 @@ no longer reproduce plain decoding of the same int8 model. Off-the-shelf dynamic
 * Attention in float64 (`engine/invariant_attention.py`): the one float32 reduction left whose
   rounding depends on the number of query rows.
 
-The LM head stays float32 by default (its int8 version costs ~4 points of greedy agreement with
-float32 on this model; `lm_head=True` quantises it too, and a row of it is then exact per row).
+The LM head stays float32 (engine/lm_head.py runs it one row at a time, as for float32 models): an int8
+head lost greedy agreement with float32 in a probe, and the head is not quantised by any option.
 
 fbgemm's kernels are reached through `torch.ops.quantized` (the quantised-tensor API that PyTorch
-has deprecated): torchao's CPU int8 configurations measured either 3x slower than float32
-(weight-only) or not batch-invariant (dynamic activations) on this machine (docs/algorithms.md §8).
+has deprecated): torchao's CPU int8 configurations were either slower than float32 here (weight-only)
+or quantise activations per tensor, which is not batch-invariant (docs/algorithms.md §8).
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().float().cpu()
         self.register_buffer("bias", bias, persistent=False)
-        self.row_exact = True  # engine/lm_head.py may run it on single rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return int8_rows_linear(x, self._packed, self.bias, self.out_features)
@@ -225,7 +224,7 @@ def _swap_linears(model) -> None:
 
 
 @torch.no_grad()
-def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPHA, lm_head: bool = False):
+def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPHA):
     """Turn a float32 CPU causal LM into the batch-invariant int8 target, in place; returns it.
 
     `samples`: token-id tensors of calibration text (activation ranges for the smoothing).
@@ -241,9 +240,5 @@ def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPH
         raise ArborError(f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
                          "(not a Llama-style RMSNorm): use --dtype float32")
     _swap_linears(model)
-    if lm_head:
-        head = model.get_output_embeddings()
-        if isinstance(head, nn.Linear):
-            model.set_output_embeddings(Int8Linear(head))
     use_float64_attention(model)
     return model
