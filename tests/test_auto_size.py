@@ -154,12 +154,35 @@ def test_measure_cost_curve_on_a_tiny_model(tiny_pair):
 
 # --------------------------------------------------------------------------- draft temperature at T = 0
 def test_draft_temperature_is_the_draft_side_at_greedy_only():
-    assert SamplingConfig(0.0).draft_side().temperature == GREEDY_DRAFT_TEMPERATURE
+    assert SamplingConfig(0.0).draft_side() == SamplingConfig(0.0, draft_temperature=GREEDY_DRAFT_TEMPERATURE).draft_side()
     assert SamplingConfig(0.0, draft_temperature=0.4).draft_side().temperature == 0.4
     assert SamplingConfig(0.7, draft_temperature=0.4).draft_side() == SamplingConfig(0.7, draft_temperature=0.4)
     assert sampling_config(False, 1.0, draft_temperature=0.3).draft_side().temperature == 0.3
-    with pytest.raises(ArborError, match="draft temperature must be > 0"):
-        SamplingConfig(0.0, draft_temperature=0.0)
+    with pytest.raises(ArborError, match="draft temperature must be >= 0"):
+        SamplingConfig(0.0, draft_temperature=-0.5)
+    ordered = SamplingConfig(0.0, draft_temperature=0.0).draft_side()
+    assert ordered.ordered_draws and ordered.temperature == 1.0  # top tokens in order, valued at temperature 1
+    assert not SamplingConfig(0.7, draft_temperature=0.0).draft_side().ordered_draws
+
+
+@pytest.mark.parametrize("name", ["dyspec", "dyspec-threshold", "sequoia", "chain"])
+def test_ordered_draws_take_the_most_likely_tokens_and_stay_greedy_identical(tiny_pair, name):
+    """Draft temperature 0: every node's children are its most likely draft tokens, in order of probability."""
+    from arborspec.engine.contracts import DraftContext
+
+    target, draft = tiny_pair
+    builder = make_builder(name, budget=8)
+    base = autoregressive_generate(ModelAdapter(target), PROMPTS[0], DecodeConfig(max_new_tokens=20)).output_ids
+    cfg = DecodeConfig(max_new_tokens=20, sampling=SamplingConfig(0.0, draft_temperature=0.0))
+    assert SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(PROMPTS[0], cfg).output_ids == base
+    drafter = ModelDrafter(draft)
+    ctx = DraftContext(drafter, cfg.sampling.draft_side(), torch.Generator().manual_seed(0), drafter.begin(PROMPTS[0]))
+    tree = builder.build(ctx, PROMPTS[0][-1])
+    for node, kids in enumerate(tree.children):
+        if kids:
+            probs = ctx.probs(tree, [node])[0]
+            top = torch.topk(probs, len(kids)).indices.tolist()
+            assert [tree.tokens[k] for k in kids] == top, (name, node)
 
 
 @pytest.mark.parametrize("name", ["dyspec", "sequoia", "specinfer"])

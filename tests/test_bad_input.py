@@ -104,6 +104,9 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--dtype", "int9"], "int8 (CPU)"),
     (["generate", "hi", "--dtype", "int8", "--device", "cuda"], "CPU only"),
     (["generate", "hi", "--dtype", "int8", "--device-map", "auto"], "CPU only"),
+    (["generate", "hi", "--draft-logits", "fp4"], "unknown --draft-logits"),
+    (["generate", "hi", "--draft-logits", "int8", "--device", "cuda"], "CPU only"),
+    (["bench", "-m", "dyspec", "--draft-logits", "int4"], "unknown --draft-logits"),
     (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
     (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
 ])

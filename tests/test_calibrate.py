@@ -120,6 +120,16 @@ def test_greedy_acceptance_is_argmax_match():
         assert accepted_child_index(logits, only, 1, SamplingConfig(0.0), gen) == expected
 
 
+def test_ordered_draws_accept_at_the_argmax_rank_of_the_draft():
+    # ordered draws (temperature 0's default): children are the draft's tokens by probability, so the target's
+    # argmax (token 1) is accepted as the child of its draft rank, every time
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([0.0, 3.0, 1.0, 0.5])
+    draft = torch.tensor([0.4, 0.1, 0.3, 0.2])  # token 1 is the draft's 4th most likely
+    assert {accepted_child_index(logits, draft, 4, SamplingConfig(0.0), gen, ordered=True) for _ in range(10)} == {3}
+    assert accepted_child_index(logits, draft, 3, SamplingConfig(0.0), gen, ordered=True) is None
+
+
 def test_interrupted_calibration_resumes_to_the_uninterrupted_result(tiny_pair, tiny_calibration, tmp_path, monkeypatch):
     from arborspec.offline import calibrate as module
 

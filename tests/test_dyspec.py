@@ -29,8 +29,9 @@ def draw_order(ctx: DraftContext, path: tuple[int, ...]) -> tuple[list[int], tor
     for tok in path:
         node = chain.add(node, tok)
     probs = ctx.probs(chain, [node])[0]
-    keys = torch.log(probs) + ctx.gumbel(chain, node)
-    return [int(y) for y in torch.argsort(keys, descending=True) if probs[y] > 0], probs
+    support = torch.nonzero(probs > 0).squeeze(-1)  # one keyed draw per support token, in vocabulary order
+    keys = torch.log(probs[support]) + ctx.gumbel(chain, node, support.numel())
+    return [int(support[i]) for i in torch.argsort(keys, descending=True)], probs
 
 
 def best_slot_sum(ctx: DraftContext, m: int, max_depth: int = 99) -> float:

@@ -125,6 +125,55 @@ def test_fr_restricted_logits_put_zero_probability_outside_the_draft_vocabulary(
     assert float(probs.sum() - probs[[4, 9, 50]].sum()) == 0.0
 
 
+@pytest.fixture(scope="module")
+def int8_head(target, trained_head, tmp_path_factory):
+    """The trained head, reloaded with int8 draft logits (draft-side precision)."""
+    path = tmp_path_factory.mktemp("int8-head")
+    trained_head[0].save(path, "tiny", target)
+    return load_head(path, target, int8_logits=True)
+
+
+@pytest.mark.parametrize("name", ["dyspec", "opt-tree", "specinfer", "chain", "eagle2"])
+def test_int8_draft_logits_are_greedy_identical(target, int8_head, name):
+    assert int8_head.int8_logits
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(int8_head), make_builder(name, budget=8))
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+
+
+def test_int8_draft_logits_are_the_int8_product_and_close_to_float(target, trained_head, int8_head):
+    from arborspec.engine.int8 import ACT_LEVELS
+
+    head = trained_head[0]
+    hidden = head(torch.tensor([[5, 6, 7, 8]]), torch.randn(1, 4, target.config.hidden_size))[0]
+    got = int8_head.draft_logits(hidden)
+    # written out: each row quantised with its own scale, int8 weights with one scale per output channel
+    scale = hidden.abs().amax(1, keepdim=True) / ACT_LEVELS
+    q = torch.clamp(torch.round(hidden / scale), -ACT_LEVELS, ACT_LEVELS)
+    w = head.lm_rows
+    w_scale = w.abs().amax(1, keepdim=True) / 63
+    expect = (q @ torch.round(w / w_scale).T) * scale * w_scale.T
+    assert torch.allclose(got, expect, rtol=1e-4, atol=1e-4)
+    full = head.draft_logits(hidden)
+    assert (got - full).abs().max() < 0.05 * full.abs().max()
+    assert torch.equal(torch.cat([int8_head.draft_logits(hidden[i:i + 1]) for i in range(4)]), got)  # row by row
+
+
+def test_int8_draft_logits_keep_the_target_distribution(small_vocab_pair, tmp_path):
+    from test_lossless import exact_first_two, first_two_tv
+
+    target = small_vocab_pair[0]
+    make_head(target, vocab_ids=torch.tensor([0, 3, 5, 7, 11, 12])).save(tmp_path, "small", target)
+    head = load_head(tmp_path, target, int8_logits=True)
+    cfg = SamplingConfig(0.8, top_p=0.95)
+    prompt = [3, 7, 1, 12]
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(head), make_builder("dyspec", budget=6))
+    tv1, tv2 = first_two_tv(dec, prompt, cfg, p1, p2, N_RUNS)
+    assert tv1 < TV_BOUND and tv2 < TV_BOUND, (tv1, tv2)
+
+
 # --------------------------------------------------------------------------- training and files
 
 

@@ -62,3 +62,17 @@ def test_without_replacement_stops_at_support():
     p = torch.tensor([0.0, 0.7, 0.0, 0.3])
     drawn = sample_without_replacement(p, 4, gumbel_like(p, torch.Generator().manual_seed(0)))
     assert sorted(drawn) == [1, 3]
+
+
+def test_support_sized_noise_draws_like_full_noise():
+    """One Gumbel draw per support token (vocabulary order) = the full-vocabulary noise restricted to the support."""
+    p = torch.tensor([0.0, 0.4, 0.0, 0.25, 0.2, 0.0, 0.15])
+    support = torch.nonzero(p > 0).squeeze(-1)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        full = gumbel_like(p, gen)
+        assert sample_without_replacement(p, 3, full) == sample_without_replacement(p, 3, full[support])
+    counts = torch.zeros(7)
+    for _ in range(20000):
+        counts[sample_without_replacement(p, 1, gumbel_like(support.float(), gen))[0]] += 1
+    assert torch.allclose(counts / 20000, p, atol=0.012)

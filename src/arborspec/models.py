@@ -372,9 +372,23 @@ def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str
     check_same_tokenizer(target_tok, draft_tok, what=f"draft {draft_name!r}")
 
 
+DRAFT_LOGITS = ("auto", "float", "int8")
+
+
+def head_int8_logits(draft_logits: str, device: str | torch.device, placement: dict) -> bool:
+    """Whether a draft head computes its logits in int8 (drafters/head.py): `auto` = on a plain CPU target."""
+    if draft_logits not in DRAFT_LOGITS:
+        raise ArborError(f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}")
+    cpu = torch.device(device).type == "cpu" and not placement
+    if draft_logits == "int8" and not cpu:
+        raise ArborError("--draft-logits int8 runs on CPU only (fbgemm kernels), without a device map: "
+                         "use --draft-logits float or auto")
+    return draft_logits == "int8" or (draft_logits == "auto" and cpu)
+
+
 def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | dict | None = None, max_memory: str | dict | None = None,
-              offload_folder: str | os.PathLike | None = None) -> ModelPair:
+              offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto") -> ModelPair:
     """Load the target and the drafter.
 
     `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
@@ -382,10 +396,14 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     `device_map`, `max_memory`, `offload_folder`: place the target with accelerate (larger than
     memory: offloaded to the CPU or disk; see `placement_kwargs`); a draft model goes to the
     target's execution device.
+    `draft_logits`: how a draft head computes its logits: "auto" (int8 on CPU), "float" or "int8"
+    (draft-side precision: never changes the output).
     """
     draft = draft or default_draft(target)
     # bad placement or precision fails before anything is loaded
-    check_precision(dtype, device, placement_kwargs(device_map, max_memory, offload_folder))
+    placement = placement_kwargs(device_map, max_memory, offload_folder)
+    check_precision(dtype, device, placement)
+    int8_logits = head_int8_logits(draft_logits, device, placement)
     if draft != NGRAM_DRAFT and not is_head_dir(draft):
         resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)
@@ -394,7 +412,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):
-        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype)))
+        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype), int8_logits=int8_logits))
     else:
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)

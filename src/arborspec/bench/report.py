@@ -126,7 +126,8 @@ def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]
     for path, h in zip(paths, headers):
         c, m, v = h["config"], h.get("machine", {}), h.get("versions", {})
         lines.append(
-            f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`, "
+            f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`"
+            + (f" ({h['draft_logits']} logits)" if h.get("draft_logits") else "") + ", "
             f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns'] or 'all'}), "
             f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}, "
             f"{m.get('cpu_count')} CPUs / {m.get('torch_threads')} threads, {m.get('platform', '')}; "

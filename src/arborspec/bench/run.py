@@ -48,13 +48,13 @@ from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_gen
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError, Interrupted
 from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, draft_precision,
-                      load_model, load_pair, placement_kwargs)
+                      head_int8_logits, load_model, load_pair, placement_kwargs)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
 RESULTS_NAME = "results.jsonl"
 # Header fields that must match for `resume` to append to an existing results file
-_RESUME_KEYS = ("target", "draft", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
+_RESUME_KEYS = ("target", "draft", "draft_logits", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
                 "top_k", "top_p", "device_map", "max_memory")
 
 
@@ -62,6 +62,7 @@ _RESUME_KEYS = ("target", "draft", "prompts", "num_prompts", "max_new_tokens", "
 class BenchConfig:
     target: str = "embedded"
     draft: str | None = None  # None = the target's default draft (embedded draft, else ngram)
+    draft_logits: str = "auto"  # a draft head's logits: auto (int8 on CPU), float, int8 (models.load_pair)
     methods: list[str] = field(default_factory=lambda: ["dyspec:budget=16"])  # sweep specs, see parse_method_spec
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     prompts: str = "mt-bench"
@@ -88,6 +89,7 @@ class BenchConfig:
     def validate(self) -> None:
         if not self.methods:
             raise ArborError("give at least one method to benchmark, e.g. --method dyspec:budget=16,32")
+        head_int8_logits(self.draft_logits, self.device, {"device_map": self.device_map} if self.device_map else {})
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ArborError(f"temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
         if not self.seeds:
@@ -373,7 +375,8 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     path, old_header, done = prepare_output(cfg)
     if pair is None:
         cfg.draft = cfg.draft or default_draft(cfg.target)
-        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.device_map, cfg.max_memory, cfg.offload_folder)
+        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.device_map, cfg.max_memory, cfg.offload_folder,
+                         cfg.draft_logits)
     else:
         cfg.draft = cfg.draft or pair.draft_name
     runner = _Runner(cfg, pair, methods)
@@ -417,11 +420,18 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
     record = {"kind": "header", "schema": SCHEMA_VERSION, "config": cfg.to_json(), "methods": methods,
               "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
               "target": runner.pair.target_name, "draft": runner.pair.draft_name,
+              "draft_logits": _draft_logits(runner.pair.drafter),
               "cost_curve": cost_curve_for(runner.pair.target, runner.pair.drafter).as_dict(),
               "timestamp": utc_timestamp()}
     if cfg.compare_hf_assisted:
         record["notes"] = [_hf_note(runner)["text"]]
     return record
+
+
+def _draft_logits(drafter) -> str | None:
+    """How a draft head computed its logits ("int8" or "float"); None for other drafters."""
+    head = getattr(drafter, "head", None)
+    return None if head is None else ("int8" if head.int8_logits else "float")
 
 
 def _hf_note(runner: _Runner) -> dict:

@@ -45,7 +45,8 @@ class DrawSequence:
     @classmethod
     def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
         dist = ctx.probs(tree, [node])[0]
-        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node))
+        support = int(torch.count_nonzero(dist))  # noise only for the tokens that can be drawn
+        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node, support))
         probs = [float(dist[y]) for y in tokens]
         tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
         return cls(dist, tokens, probs, tails)

@@ -26,6 +26,14 @@ uses the target's full vocabulary; a sampled tree records the exact
 replay, and a selected tree is verified greedily or by sample-and-match, which
 do not look at draft probabilities at all. Only the acceptance rate can change.
 
+**Int8 draft logits (CPU).** `DraftHead.quantize_logits()` runs the draft-vocabulary
+product with int8 weights and per-row activation scales (`engine/int8.int8_rows_linear`),
+about a quarter of the float32 product's memory traffic. It is draft-side precision: the
+draft distribution changes a little, the output distribution not at all (the verifiers
+read the target's logits, and a sampled tree records the distribution it actually drew
+from). `load_head(int8_logits=True)` turns it on; it is the default of CPU float32 pairs
+(`models.load_pair`).
+
 Files: `head.safetensors` (fc, the layer, the norm, `vocab_ids`) and
 `head.json` (the target it belongs to, its vocabulary size, hidden size and an
 embedding fingerprint); loading refuses a head made for another target.
@@ -107,6 +115,20 @@ class DraftHead(nn.Module):
         self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids).to(device),
                              persistent=False)
         self.full_vocab = self.vocab_ids.numel() == self.vocab_size
+        self._int8_rows = None  # set by `quantize_logits`
+
+    def quantize_logits(self) -> "DraftHead":
+        """Compute draft logits with int8 weights and per-row activation scales (CPU; module doc)."""
+        from ..engine.int8 import pack_int8_weight
+
+        if self.lm_rows.device.type != "cpu":
+            raise ArborError("int8 draft logits run on CPU only (fbgemm kernels): load the head without int8_logits")
+        self._int8_rows = pack_int8_weight(self.lm_rows)
+        return self
+
+    @property
+    def int8_logits(self) -> bool:
+        return self._int8_rows is not None
 
     # ------------------------------------------------------------------ forward
     def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
@@ -123,6 +145,10 @@ class DraftHead(nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only: [..., K]."""
+        if self._int8_rows is not None:
+            from ..engine.int8 import int8_rows_linear
+
+            return int8_rows_linear(hidden, self._int8_rows, self.lm_bias, self.lm_rows.shape[0])
         return nn.functional.linear(hidden, self.lm_rows, self.lm_bias)
 
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -131,8 +157,7 @@ class DraftHead(nn.Module):
         if self.full_vocab:
             return small
         out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
-        out[:, self.vocab_ids] = small
-        return out
+        return out.index_copy_(1, self.vocab_ids, small)
 
     # ------------------------------------------------------------------ files
     def save(self, out_dir: str | Path, target_name: str, target_model, extra: dict | None = None,
@@ -171,8 +196,10 @@ def read_head_config(head_dir: str | Path) -> dict:
     return meta
 
 
-def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = None) -> DraftHead:
-    """Load a head for `target_model`; a head made for another target or vocabulary is refused."""
+def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = None,
+              int8_logits: bool = False) -> DraftHead:
+    """Load a head for `target_model`; a head made for another target or vocabulary is refused.
+    `int8_logits`: draft logits with int8 weights (CPU; see the module doc)."""
     from safetensors.torch import load_file
 
     meta = read_head_config(head_dir)
@@ -191,6 +218,8 @@ def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = No
     head.refresh_lm_rows()
     if dtype is not None:
         head.to(dtype=dtype)
+    if int8_logits:
+        head.quantize_logits()
     return head.eval().requires_grad_(False)
 
 

@@ -105,10 +105,14 @@ class DraftContext:
                 self._probs[tuple(tree.path_tokens(n))] = row
         return torch.stack([self._probs[key] for key in keys])
 
-    def gumbel(self, tree: TokenTree, node: int) -> torch.Tensor:  # [V]
+    def gumbel(self, tree: TokenTree, node: int, size: int | None = None) -> torch.Tensor:  # [size or V]
+        """`size` draws keyed by the node's path (default: one per vocabulary entry; a builder asks for
+        one per support token of the node's draft distribution, `sampling.sample_without_replacement`)."""
+        if self.cfg.ordered_draws:  # no noise: the draws are the most likely tokens in order (sampling.py)
+            return torch.zeros(size or self.vocab_size)
         key = hash((self.step_seed, tuple(tree.path_tokens(node)))) & ((1 << 63) - 1)
         gen = torch.Generator().manual_seed(key)
-        return gumbel_like(torch.empty(self.vocab_size), gen)
+        return gumbel_like(torch.empty(size or self.vocab_size), gen)
 
 
 @dataclass(kw_only=True)

@@ -44,7 +44,7 @@ SMOOTH_ALPHA = 0.5
 _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
 
 
-def _pack(weight: torch.Tensor):
+def pack_int8_weight(weight: torch.Tensor):
     """fbgemm's packed int8 weight: per output channel, scale max|w| / 63."""
     w = weight.detach().float().cpu()
     scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
@@ -70,7 +70,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self._packed = _pack(linear.weight)
+        self._packed = pack_int8_weight(linear.weight)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().float().cpu()
         self.register_buffer("bias", bias, persistent=False)
@@ -96,7 +96,7 @@ class Int8Group:
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach().float() if b is not None else torch.zeros(lin.out_features)
              for b, lin in zip(biases, linears)]).cpu()
-        self.packed = _pack(weight)
+        self.packed = pack_int8_weight(weight)
         self.out_features = weight.shape[0]
         self.last_input: torch.Tensor | None = None
         self.last_output: torch.Tensor | None = None

@@ -11,6 +11,12 @@ build a tree from (a one-hot draft can only ever propose a chain), so
 the measured best, docs/algorithms.md §7); greedy verification is lossless for
 any tree, so this choice changes speed only, never the output. Above
 temperature 0 the draft side uses the target's own transform.
+
+`draft_temperature = 0` asks for *ordered draws* at target temperature 0: the
+builders that draw children without replacement (chain, Sequoia, DySpec) take
+each node's most likely draft tokens in order instead of sampling them, and
+value them with the untempered draft distribution (temperature 1). Greedy
+verification makes this lossless too.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 
 from ..errors import ArborError
 
-GREEDY_DRAFT_TEMPERATURE = 1.0  # draft-side temperature at target temperature 0 (docs/algorithms.md §7)
+GREEDY_DRAFT_TEMPERATURE = 0.0  # draft side at target temperature 0: ordered draws (docs/algorithms.md §7)
 
 
 @dataclass(frozen=True)
@@ -29,11 +35,13 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
-    draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE)
+    draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE; 0: ordered draws)
+    ordered_draws: bool = False  # set by `draft_side()` for draft_temperature 0: keyed draws take the top tokens in order
 
     def __post_init__(self) -> None:
-        if self.draft_temperature is not None and not self.draft_temperature > 0:
-            raise ArborError(f"draft temperature must be > 0 (a greedy draft only proposes chains), got {self.draft_temperature}")
+        if self.draft_temperature is not None and not self.draft_temperature >= 0:
+            raise ArborError(f"draft temperature must be >= 0 (0 = the draft's most likely tokens in order), "
+                             f"got {self.draft_temperature}")
         if not self.temperature >= 0:
             raise ArborError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -49,7 +57,10 @@ class SamplingConfig:
         """The transform applied to draft logits (see module docstring)."""
         if not self.greedy:
             return self
-        return replace(self, temperature=self.draft_temperature or GREEDY_DRAFT_TEMPERATURE, draft_temperature=None)
+        temperature = GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
+        if temperature == 0:  # ordered draws, valued at temperature 1 (module docstring)
+            return replace(self, temperature=1.0, draft_temperature=None, ordered_draws=True)
+        return replace(self, temperature=temperature, draft_temperature=None)
 
 
 def sampling_config(do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -104,12 +115,19 @@ def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor
     """The first k draws of sampling without replacement from `probs` `[V]`.
 
     Sorting `log p + G` (G i.i.d. Gumbel) in descending order gives exactly the
-    sequence "draw from p, zero it, renormalise, draw again ...". Stops early
-    when fewer than k tokens have non-zero probability.
+    sequence "draw from p, zero it, renormalise, draw again ...". Only the
+    support (tokens with p > 0) can be drawn, so `gumbel` holds either one draw
+    per vocabulary entry (`[V]`) or one per support token, in vocabulary order
+    (cheaper for a drafter with a reduced vocabulary). Stops early when fewer than
+    k tokens have non-zero probability.
     """
-    keys = torch.log(probs) + gumbel
-    k = min(k, int((probs > 0).sum()))
-    return torch.topk(keys, k).indices.tolist() if k > 0 else []
+    support = torch.nonzero(probs > 0).squeeze(-1)
+    k = min(k, support.numel())
+    if k == 0:
+        return []
+    noise = gumbel if gumbel.numel() == support.numel() else gumbel[support]
+    keys = torch.log(probs[support]) + noise
+    return support[torch.topk(keys, k).indices].tolist()
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device | str:

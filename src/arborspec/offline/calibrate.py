@@ -129,9 +129,12 @@ def accepted_child_index(
     k: int,
     cfg: SamplingConfig,
     generator: torch.Generator,
+    ordered: bool = False,
 ) -> int | None:
-    """Sample k children, verify them with `rejection`; the 0-based index of the accepted child, or None."""
-    tree = one_level_tree(draft_probs, k, gumbel_like(draft_probs, generator))
+    """Sample k children (`ordered`: take the k most likely, as ordered draws at temperature 0 do), verify them
+    with `rejection`; the 0-based index of the accepted child, or None."""
+    noise = torch.zeros_like(draft_probs) if ordered else gumbel_like(draft_probs, generator)
+    tree = one_level_tree(draft_probs, k, noise)
     logits = target_logits.unsqueeze(0).expand(tree.num_nodes, -1)  # [N, V]; only row 0 decides
     result = rejection(tree, logits, cfg, generator)
     return tree.children[0].index(result.accepted[0]) if result.accepted else None
@@ -198,7 +201,8 @@ def measure_acceptance(
         hits, trials = list(tally.hits), tally.trials
         for row in range(t_logits.shape[0]):
             for _ in range(cfg.draws):
-                k = accepted_child_index(t_logits[row], d_probs[row], cfg.children, sampling, gen)
+                k = accepted_child_index(t_logits[row], d_probs[row], cfg.children, sampling, gen,
+                                         draft_side.ordered_draws)
                 if k is not None:
                     hits[k] += 1
                 trials += 1
