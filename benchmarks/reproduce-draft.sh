@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce benchmarks/draft-*: the fifth session's figures. The draft head retrained on more of the target's own
 # text, its logits in int8 (the CPU default, `--draft-logits auto`), ordered draws at T = 0 (the default draft
-# temperature 0). Run from the repository root after `make setup`, on an otherwise idle machine. ~40 min on 2 cores.
+# temperature 0). Run from the repository root after `make setup`, on an otherwise idle machine. ~55 min on 2 cores.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
@@ -41,3 +41,9 @@ $A bench --prompts mt-bench --num-prompts 10 --max-new-tokens 64 --temperatures 
   --draft-temperature 1 --out $OUT/draft-ablation/sampled-draws -m dyspec:budget=16 -m opt-tree:budget=16
 $A bench --prompts mt-bench --num-prompts 10 --max-new-tokens 64 --temperatures 0 --threads 2 \
   --out $OUT/draft-ablation/defaults -m dyspec:budget=16 -m opt-tree:budget=16
+
+# 5. The int8 target (docs/algorithms.md §8; plain decoding and HF generate run int8 too), T = 0, MT-Bench.
+rm -rf $OUT/draft-int8-mtbench-t0
+$A bench --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 --dtype int8 \
+  --compare-hf-assisted --out $OUT/draft-int8-mtbench-t0 \
+  -m opt-tree:budget=8 -m opt-tree:budget=auto -m dyspec:budget=auto
