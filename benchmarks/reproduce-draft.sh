@@ -22,6 +22,12 @@ $A bench --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures
   --compare-hf-assisted --out $OUT/draft-mtbench-t0 \
   -m opt-tree:budget=16 -m opt-tree:budget=auto -m dyspec:budget=16 -m dyspec:budget=auto -m sequoia:budget=16
 
+# 1b. Before/after of the session's per-step changes with this same head (needs a checkout of the session's first
+#     commit: git worktree add /work/wt-before5 a290101; skipped without it).
+if [ -d "${BEFORE:-/work/wt-before5}" ]; then
+  BEFORE=${BEFORE:-/work/wt-before5} OUT=$OUT/before-after-5 ./benchmarks/before-after.sh
+fi
+
 # 2. HumanEval, temperature 0, 10 prompts.
 rm -rf $OUT/draft-humaneval-t0
 $A bench --prompts humaneval --num-prompts 10 --max-new-tokens $N --temperatures 0 --threads 2 \
