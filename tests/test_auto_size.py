@@ -163,6 +163,8 @@ def test_draft_temperature_is_the_draft_side_at_greedy_only():
     ordered = SamplingConfig(0.0, draft_temperature=0.0).draft_side()
     assert ordered.ordered_draws and ordered.temperature == 1.0  # top tokens in order, valued at temperature 1
     assert not SamplingConfig(0.7, draft_temperature=0.0).draft_side().ordered_draws
+    with pytest.raises(TypeError):  # only the draft side of a greedy target draws in order
+        SamplingConfig(0.7, ordered_draws=True)
 
 
 @pytest.mark.parametrize("name", ["dyspec", "dyspec-threshold", "sequoia", "chain"])

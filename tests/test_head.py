@@ -158,6 +158,8 @@ def test_int8_draft_logits_are_the_int8_product_and_close_to_float(target, train
     full = head.draft_logits(hidden)
     assert (got - full).abs().max() < 0.05 * full.abs().max()
     assert torch.equal(torch.cat([int8_head.draft_logits(hidden[i:i + 1]) for i in range(4)]), got)  # row by row
+    int8_head.refresh_lm_rows()  # the rows are re-derived from the target: the logits stay int8
+    assert int8_head.int8_logits and torch.equal(int8_head.draft_logits(hidden), got)
 
 
 def test_int8_draft_logits_keep_the_target_distribution(small_vocab_pair, tmp_path):

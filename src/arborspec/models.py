@@ -375,11 +375,12 @@ def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str
 DRAFT_LOGITS = ("auto", "float", "int8")
 
 
-def head_int8_logits(draft_logits: str, device: str | torch.device, placement: dict) -> bool:
-    """Whether a draft head computes its logits in int8 (drafters/head.py): `auto` = on a plain CPU target."""
+def head_int8_logits(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
+    """Whether a draft head computes its logits in int8 (drafters/head.py): `auto` = on a CPU target that no
+    device map places (`placed`)."""
     if draft_logits not in DRAFT_LOGITS:
         raise ArborError(f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}")
-    cpu = torch.device(device).type == "cpu" and not placement
+    cpu = torch.device(device).type == "cpu" and not placed
     if draft_logits == "int8" and not cpu:
         raise ArborError("--draft-logits int8 runs on CPU only (fbgemm kernels), without a device map: "
                          "use --draft-logits float or auto")
@@ -403,7 +404,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     # bad placement or precision fails before anything is loaded
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     check_precision(dtype, device, placement)
-    int8_logits = head_int8_logits(draft_logits, device, placement)
+    int8_logits = head_int8_logits(draft_logits, device, bool(placement))
     if draft != NGRAM_DRAFT and not is_head_dir(draft):
         resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)

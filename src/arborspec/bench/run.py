@@ -89,7 +89,7 @@ class BenchConfig:
     def validate(self) -> None:
         if not self.methods:
             raise ArborError("give at least one method to benchmark, e.g. --method dyspec:budget=16,32")
-        head_int8_logits(self.draft_logits, self.device, {"device_map": self.device_map} if self.device_map else {})
+        head_int8_logits(self.draft_logits, self.device, bool(self.device_map or self.max_memory))
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ArborError(f"temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
         if not self.seeds:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.contracts import DraftContext
-from ..engine.sampling import sample_without_replacement
+from ..engine.sampling import probability_support, sample_without_replacement
 from ..engine.tree import TokenTree
 from ..errors import ArborError
 
@@ -45,8 +45,8 @@ class DrawSequence:
     @classmethod
     def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
         dist = ctx.probs(tree, [node])[0]
-        support = int(torch.count_nonzero(dist))  # noise only for the tokens that can be drawn
-        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node, support))
+        support = probability_support(dist)  # noise only for the tokens that can be drawn
+        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node, support.numel()), support)
         probs = [float(dist[y]) for y in tokens]
         tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
         return cls(dist, tokens, probs, tails)

@@ -53,6 +53,7 @@ from transformers import AutoModel, DynamicCache
 from ..common.jsonfiles import write_json_atomic
 from ..common.timing import clock
 from ..engine.contracts import Drafter
+from ..engine.int8 import int8_rows_linear, pack_int8_weight
 from ..engine.placement import execution_device, materialised
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
@@ -115,12 +116,13 @@ class DraftHead(nn.Module):
         self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids).to(device),
                              persistent=False)
         self.full_vocab = self.vocab_ids.numel() == self.vocab_size
-        self._int8_rows = None  # set by `quantize_logits`
+        if getattr(self, "_int8_rows", None) is not None:  # int8 logits follow the new rows
+            self._int8_rows = pack_int8_weight(self.lm_rows)
+        else:
+            self._int8_rows = None  # set by `quantize_logits`
 
     def quantize_logits(self) -> "DraftHead":
         """Compute draft logits with int8 weights and per-row activation scales (CPU; module doc)."""
-        from ..engine.int8 import pack_int8_weight
-
         if self.lm_rows.device.type != "cpu":
             raise ArborError("int8 draft logits run on CPU only (fbgemm kernels): load the head without int8_logits")
         self._int8_rows = pack_int8_weight(self.lm_rows)
@@ -146,8 +148,6 @@ class DraftHead(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only: [..., K]."""
         if self._int8_rows is not None:
-            from ..engine.int8 import int8_rows_linear
-
             return int8_rows_linear(hidden, self._int8_rows, self.lm_bias, self.lm_rows.shape[0])
         return nn.functional.linear(hidden, self.lm_rows, self.lm_bias)
 

@@ -21,7 +21,7 @@ verification makes this lossless too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,7 +36,9 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE; 0: ordered draws)
-    ordered_draws: bool = False  # set by `draft_side()` for draft_temperature 0: keyed draws take the top tokens in order
+    # set only by `draft_side()` for draft_temperature 0 (never a constructor argument: ordered draws are lossless
+    # under greedy verification only): keyed draws take the top tokens in order
+    ordered_draws: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.draft_temperature is not None and not self.draft_temperature >= 0:
@@ -59,7 +61,9 @@ class SamplingConfig:
             return self
         temperature = GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
         if temperature == 0:  # ordered draws, valued at temperature 1 (module docstring)
-            return replace(self, temperature=1.0, draft_temperature=None, ordered_draws=True)
+            ordered = replace(self, temperature=1.0, draft_temperature=None)
+            object.__setattr__(ordered, "ordered_draws", True)
+            return ordered
         return replace(self, temperature=temperature, draft_temperature=None)
 
 
@@ -111,23 +115,31 @@ def gumbel_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return (-torch.log(-torch.log(u.clamp_(1e-20, 1.0 - 1e-7)))).to(probs.device)
 
 
-def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor) -> list[int]:
+def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor,
+                               support: torch.Tensor | None = None) -> list[int]:
     """The first k draws of sampling without replacement from `probs` `[V]`.
 
     Sorting `log p + G` (G i.i.d. Gumbel) in descending order gives exactly the
     sequence "draw from p, zero it, renormalise, draw again ...". Only the
     support (tokens with p > 0) can be drawn, so `gumbel` holds either one draw
     per vocabulary entry (`[V]`) or one per support token, in vocabulary order
-    (cheaper for a drafter with a reduced vocabulary). Stops early when fewer than
-    k tokens have non-zero probability.
+    (cheaper for a drafter with a reduced vocabulary; `support`, when the caller
+    has it, saves finding it again). Stops early when fewer than k tokens have
+    non-zero probability.
     """
-    support = torch.nonzero(probs > 0).squeeze(-1)
+    if support is None:
+        support = probability_support(probs)
     k = min(k, support.numel())
     if k == 0:
         return []
     noise = gumbel if gumbel.numel() == support.numel() else gumbel[support]
     keys = torch.log(probs[support]) + noise
     return support[torch.topk(keys, k).indices].tolist()
+
+
+def probability_support(probs: torch.Tensor) -> torch.Tensor:
+    """Indices of the tokens with probability > 0, in vocabulary order."""
+    return torch.nonzero(probs > 0).squeeze(-1)
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device | str:
