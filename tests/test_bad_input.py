@@ -109,6 +109,7 @@ def test_embedded_package_missing(monkeypatch):
     (["bench", "-m", "dyspec", "--draft-logits", "int4"], "unknown --draft-logits"),
     (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
     (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
+    (["train-head", "--out", "/tmp/x", "--self-instruct", "-1"], "--self-instruct"),
 ])
 def test_cli_one_line_errors(args, needle):
     result = CliRunner().invoke(app, args)

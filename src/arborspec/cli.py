@@ -389,6 +389,7 @@ def train_head(
     gen_batch_size: int = typer.Option(32, "--gen-batch-size", help="prompts answered together (left-padded)"),
     data_time_budget_s: float = typer.Option(0.0, "--data-time-budget-s", help="stop generating data after this (0 = no limit)"),
     skip_data: bool = typer.Option(False, "--skip-data", help="train on the data shards already in the work dir"),
+    self_instruct: int = typer.Option(0, "--self-instruct", help="also N conversations whose user messages the target writes itself (chat-like data; needs a chat template)"),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="FR-Spec: draft only among the K most frequent tokens (0 = all)"),
     epochs: float = typer.Option(2.0, "--epochs"),
     lr: float = typer.Option(2e-3, "--lr"),
@@ -415,10 +416,12 @@ def train_head(
             raise ArborError(f"{name} must be >= 1, got {value}")
     if epochs <= 0 or lr <= 0 or draft_vocab < 0:
         raise ArborError("--epochs and --lr must be > 0 and --draft-vocab >= 0")
+    if self_instruct < 0:
+        raise ArborError(f"--self-instruct must be >= 0, got {self_instruct}")
     data = HeadDataConfig(target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                           batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s)
     cfg = HeadTrainConfig(target=target, out=str(out), work_dir=str(work_dir or ""), data=data, skip_data=skip_data,
-                          draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
+                          self_instruct=self_instruct, draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                           time_budget_s=train_time_budget_s, resume=resume, init_from=str(init_from or ""), seed=seed,
                           device=device)
     path = run(cfg)

@@ -22,6 +22,8 @@ docstrings turned into coding questions, everyday topics x task templates) with
 prompts of the Spec-Bench task kinds built here from standard-library text:
 translation, summarisation, question answering over a passage (the
 retrieval-augmented form), and arithmetic word problems with random numbers.
+With `prompt_source="self-instruct"` the target writes the prompts itself
+(`self_instruct.py`): chat-like user messages, one batch of them per shard.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ..common.progress import progress_bar
 from ..engine.adapter import decoder_hidden
 from ..errors import ArborError
 from .generation import cut_at_eos, left_padded, pad_token_id
+from .self_instruct import user_turn_prefix, write_queries
 
 SHARD_PREFIX = "shard_"
 LANGUAGES = ["French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian"]
@@ -144,10 +147,16 @@ class HeadDataConfig:
     sample_temperature: float = 0.7
     seed: int = 0
     time_budget_s: float = 0.0            # stop after this many seconds (0: no limit); rerun to continue
+    prompt_source: str = "pool"           # "pool": the built-in pool; "self-instruct": the target writes the prompts
+    query_temperature: float = 1.0        # self-instruct: sampling temperature of the user messages
+    max_query_tokens: int = 64            # self-instruct: a user message not closed within this is dropped
 
     def settings(self) -> dict:
         d = asdict(self)
         d.pop("time_budget_s")
+        if self.prompt_source == "pool":  # the pool's settings as they were before self-instruct existed
+            for key in ("prompt_source", "query_temperature", "max_query_tokens"):
+                d.pop(key)
         return d
 
 
@@ -201,16 +210,25 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
         old = json.loads(meta_path.read_text())
         if old.get("settings") != settings:
             raise ArborError(f"{data_dir} holds head data made with other settings: use another --out or the same options")
-    if prompts is None:
+    self_instruct = prompts is None and cfg.prompt_source == "self-instruct"
+    if prompts is None and not self_instruct:
         prompts = head_prompts(cfg.num_prompts, cfg.seed)
         source = ("stdlib docstrings -> coding questions; topics x task templates; translation, summarisation, "
                   "passage QA and arithmetic prompts from stdlib text; never MT-Bench, HumanEval or Spec-Bench data")
-    encoded = [encode_prompt(tokenizer, p)[-cfg.max_prompt_tokens:] for p in prompts]
+    if self_instruct:
+        source = ("self-instruct: user messages sampled from the target after its chat template's user-turn opening "
+                  "(Magpie), no prompt set read")
+        user_turn_prefix(tokenizer)  # a template-less tokenizer fails here, before anything is generated
+        batches = [list(range(i, min(i + cfg.batch_size, cfg.num_prompts)))
+                   for i in range(0, cfg.num_prompts, cfg.batch_size)]
+        encoded = None
+    else:
+        encoded = [encode_prompt(tokenizer, p)[-cfg.max_prompt_tokens:] for p in prompts]
+        batches = _batches(encoded, cfg.batch_size, cfg.seed)
     _write_atomic(meta_path, lambda p: p.write_text(json.dumps({
-        "settings": settings, "num_prompts": len(prompts),
+        "settings": settings, "num_prompts": len(prompts) if prompts is not None else cfg.num_prompts,
         "sources": source}, indent=2) + "\n"))
     pad_id, eos_set = pad_token_id(tokenizer), set(eos_ids(tokenizer, model))
-    batches = _batches(encoded, cfg.batch_size, cfg.seed)
     done = {int(p.stem[len(SHARD_PREFIX):]) for p in data_dir.glob(f"{SHARD_PREFIX}*.safetensors")}
     recorder = FeatureRecorder(model)
     t0, new_tokens, stored = time.time(), 0, count_tokens(data_dir)
@@ -224,8 +242,16 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
                     print(f"arborspec: data time budget reached; rerun to continue ({stored} tokens so far)", file=sys.stderr)
                     break
                 sampled = random.Random(cfg.seed * 1_000_003 + b).random() < cfg.sample_fraction
-                shard, n_new = _generate_batch(model, recorder, [encoded[i] for i in idx], pad_id, eos_set, cfg,
-                                               sampled, seed=cfg.seed * 7919 + b)
+                if self_instruct:
+                    queries = write_queries(model, tokenizer, len(idx), seed=cfg.seed * 104_729 + b, end_ids=eos_set,
+                                            max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature)
+                    enc = [encode_prompt(tokenizer, q)[-cfg.max_prompt_tokens:] for q in queries]
+                else:
+                    enc = [encoded[i] for i in idx]
+                if not enc:  # every user message of this batch ran past max_query_tokens: nothing to answer
+                    continue
+                shard, n_new = _generate_batch(model, recorder, enc, pad_id, eos_set, cfg, sampled,
+                                               seed=cfg.seed * 7919 + b)
                 _write_atomic(data_dir / f"{SHARD_PREFIX}{b:05d}.safetensors",
                               lambda p: save_file(shard, str(p), metadata={"mode": "sample" if sampled else "greedy"}))
                 new_tokens += n_new

@@ -3,7 +3,9 @@
 Stages, each resumable from what it left on disk under `<out>.work/`:
 
 1. **Data** (`head_data.py`): the target's own answers to a prompt pool that
-   never contains benchmark data, with the target's features, in shards.
+   never contains benchmark data, with the target's features, in shards; with
+   `self_instruct` > 0 also answers to user messages the target writes itself
+   (`self_instruct.py`), in `<work>/data-self-instruct/`.
 2. **Train.** The head reads (token x_r, target feature f_{r-1}) and predicts
    f_r. Loss per predicted row: smooth-L1 between f^_r and f_r (EAGLE's feature
    regression) + `ce_weight` x cross-entropy of the head's logits against the
@@ -31,7 +33,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,7 +43,8 @@ from ..common.jsonfiles import write_json_atomic
 from ..common.progress import progress_bar
 from ..drafters.head import DraftHead
 from ..errors import Interrupted
-from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data, token_frequencies
+from .head_data import (HeadDataConfig, HeadSequence, generate_head_data, load_head_data, shard_paths,
+                        token_frequencies)
 
 
 @dataclass(kw_only=True)
@@ -51,6 +54,7 @@ class HeadTrainConfig:
     work_dir: str = ""                  # default: <out>.work
     data: HeadDataConfig = field(default_factory=HeadDataConfig)
     skip_data: bool = False             # train on the shards already on disk
+    self_instruct: int = 0              # also this many conversations whose prompts the target writes (0: none)
     draft_vocab: int = 8192             # FR-Spec: K most frequent answer tokens (0: full vocabulary)
     epochs: float = 2.0
     lr: float = 2e-3
@@ -327,11 +331,25 @@ def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
                           "rerun with --resume to continue") from None
 
 
+def self_instruct_data(cfg: HeadTrainConfig) -> HeadDataConfig:
+    """The data settings of the self-instructed part (same answers' settings, the target's own prompts)."""
+    return replace(cfg.data, prompt_source="self-instruct", num_prompts=cfg.self_instruct)
+
+
 def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
-    data_dir = cfg.work_path / "data"
-    if not cfg.skip_data:
-        generate_head_data(cfg.data, target, tokenizer, data_dir, progress=progress)
-    seqs = load_head_data(data_dir)
+    data_dir, chat_dir = cfg.work_path / "data", cfg.work_path / "data-self-instruct"
+    if not cfg.skip_data:  # the self-instructed part first; --data-time-budget-s is the time of both parts
+        t0, budget = time.time(), cfg.data.time_budget_s
+        if cfg.self_instruct:
+            generate_head_data(self_instruct_data(cfg), target, tokenizer, chat_dir, progress=progress)
+        left = budget - (time.time() - t0)
+        if not budget or left > 0:
+            generate_head_data(replace(cfg.data, time_budget_s=max(left, 0.0) if budget else 0.0), target, tokenizer,
+                               data_dir, progress=progress)
+    seqs = load_head_data(data_dir) if shard_paths(data_dir) or not shard_paths(chat_dir) else []
+    n_pool = len(seqs)
+    if shard_paths(chat_dir):
+        seqs += load_head_data(chat_dir)
     train_seqs, val_seqs = split(seqs, cfg.val_fraction, cfg.seed)
     target.requires_grad_(False)
     head, info = train(cfg, target, train_seqs, val_seqs, progress)
@@ -345,7 +363,8 @@ def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     n_answer = sum(len(s.tokens) - s.prompt_len for s in seqs)
     extra = {"training": {**info, "config": {k: v for k, v in asdict(cfg).items() if k != "data"},
                           "data": {**cfg.data.settings(), "sequences": len(seqs), "answer_tokens": n_answer,
-                                   "all_tokens": sum(len(s.tokens) for s in seqs)}}}
+                                   "all_tokens": sum(len(s.tokens) for s in seqs),
+                                   "self_instructed_sequences": len(seqs) - n_pool}}}
     out = head.save(cfg.out, cfg.target, target, extra=extra)
     write_json_atomic(extra["training"], Path(cfg.out) / "training.json", indent=2)
     return out

@@ -1,0 +1,58 @@
+"""Chat-like prompts written by the target itself (self-instruct from the chat template's user turn).
+
+An instruct model has learned what users ask: given its chat template up to the
+opening of a user turn (`<|im_start|>user\\n` after the default system turn, for
+SmolLM2) and nothing else, sampling it writes a user's message and closes the
+turn with its end-of-turn token. This is the idea of Magpie (Xu et al., 2024);
+the project uses it because the draft head's training prompts must be chat-like
+(the benchmarks are chat) and must never be benchmark data: no prompt set is
+read at all, the target writes its own.
+
+Only queries the model closes within `max_tokens` are kept (an unclosed one is
+usually rambling); each kept query is then answered through the normal chat
+template (`common/chat.py`), exactly as a user's prompt is, by `head_data.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ArborError
+from .generation import pad_token_id
+
+_MARK = "\x00arborspec-user-message\x00"
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template rendered up to where a user's message starts."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ArborError("self-instructed prompts need a tokenizer with a chat template: "
+                         "use --self-instruct 0 for this target")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False,
+                                         add_generation_prompt=False)
+    if _MARK not in text:
+        raise ArborError("the chat template does not show the user's message verbatim: use --self-instruct 0")
+    ids = tokenizer(text[:text.index(_MARK)], add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ArborError("the chat template opens a user turn with no tokens: use --self-instruct 0")
+    return ids
+
+
+@torch.inference_mode()
+def write_queries(model, tokenizer, n: int, seed: int, end_ids: set[int], max_tokens: int = 64,
+                  temperature: float = 1.0) -> list[str]:
+    """Up to `n` user messages sampled from `model` after the user-turn prefix; the unclosed and empty ones are dropped."""
+    prefix = user_turn_prefix(tokenizer)
+    ids = torch.tensor([prefix] * n, device=model.device)
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
+                         top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad_token_id(tokenizer))
+    queries = []
+    for row in out[:, len(prefix):].tolist():
+        end = next((j for j, t in enumerate(row) if t in end_ids), None)
+        if end is None:
+            continue
+        text = tokenizer.decode(row[:end], skip_special_tokens=True).strip()
+        if text:
+            queries.append(text)
+    return queries
