@@ -100,6 +100,8 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--budget", "0"], ">= 1"),
     (["generate", "hi", "--max-new-tokens", "0", "--target", "/no/such/dir"], "does not exist"),
     (["generate", "hi", "--param", "gamma"], "name=value"),
+    (["generate", "hi", "--budget", "8", "--param", "budget=4"], "given twice"),
+    (["generate", "hi", "--param", "verifier=greedy"], "--verifier option"),
     (["generate", "hi", "--draft", "/no/such/head"], "does not exist"),
     (["generate", "hi", "--dtype", "int9"], "int8 (CPU)"),
     (["generate", "hi", "--dtype", "int8", "--device", "cuda"], "CPU only"),

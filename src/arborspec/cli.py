@@ -141,10 +141,19 @@ def generate(
     check_placement(device_map, max_memory, offload_folder)
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
+    params = parse_params(param)
+    if "budget" in params:  # --param budget=... is the same setting as --budget
+        if budget is not None:
+            raise ArborError("the budget is given twice: use --budget or --param budget=..., not both")
+        budget = str(params.pop("budget"))
+    taken = sorted(set(params) & {"target", "draft", "method", "device", "dtype", "verifier", "reorder_dfs",
+                                  "device_map", "max_memory", "offload_folder", "draft_logits", "pair"})
+    if taken:
+        raise ArborError(f"--param {taken[0]}=... is not a builder parameter: use the --{taken[0].replace('_', '-')} option")
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
                                budget=parse_budget(budget), reorder_dfs=reorder_dfs, device_map=device_map,
                                max_memory=max_memory, offload_folder=offload_folder, draft_logits=draft_logits,
-                               **parse_params(param))
+                               **params)
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
