@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the sixth session's figures: the draft head retrained with self-instructed chat data (user messages the
 # target writes itself, offline/self_instruct.py). Run from the repository root after `make setup`, on an otherwise
-# idle machine (~40 min on 2 cores). The head itself: see src/arborspec/assets/smollm2-head/MODEL_CARD.md.
+# idle machine (~45 min on 2 cores). The head itself: see src/arborspec/assets/smollm2-head/MODEL_CARD.md.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
@@ -31,3 +31,8 @@ rm -rf $OUT/chat-mtbench-t0
 $A bench --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
   --compare-hf-assisted --out $OUT/chat-mtbench-t0 \
   -m dyspec:budget=8 -m dyspec:budget=auto -m opt-tree:budget=8 -m opt-tree:budget=16
+
+# 3. MT-Bench, temperature 0.6 (seed 0): the sampled-tree method, fixed and auto.
+rm -rf $OUT/chat-mtbench-t06
+$A bench --prompts mt-bench --num-prompts ${MT06:-10} --max-new-tokens $N --temperatures 0.6 --threads 2 \
+  --out $OUT/chat-mtbench-t06 -m dyspec:budget=16 -m dyspec:budget=auto
