@@ -10,9 +10,11 @@ MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
 
 # 0. Held-out quality and cost of the shipped head (teacher forcing on the target's greedy answers to MT-Bench and
-#    HumanEval prompts, never used for training), with int8 draft logits (the CPU default).
+#    HumanEval prompts, never used for training), with int8 draft logits (the CPU default) and float32 ones.
 $P -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \
   --work-dir runs/head/heldout --int8-logits --out $OUT/head-quality-int8.json
+$P -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \
+  --work-dir runs/head/heldout --out $OUT/head-quality.json
 
 # 1. Before/after of this session's change (the head), same code: the previous shipped head (commit a9a179e) against
 #    this one, each run interleaved with its own plain decoding.
