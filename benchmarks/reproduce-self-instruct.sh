@@ -9,8 +9,10 @@ OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
 
-# 0. Held-out quality and cost of the shipped head (teacher forcing on the target's greedy answers to MT-Bench and
+# 0. The self-instructed prompts against the benchmark sets (needs the head's training data in runs/head), then
+#    held-out quality and cost of the shipped head (teacher forcing on the target's greedy answers to MT-Bench and
 #    HumanEval prompts, never used for training), with int8 draft logits (the CPU default) and float32 ones.
+$P -m arborspec.offline.prompt_overlap --data-dir runs/head/data-self-instruct --out $OUT/self-instruct-overlap.json
 $P -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \
   --work-dir runs/head/heldout --int8-logits --out $OUT/head-quality-int8.json
 $P -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \

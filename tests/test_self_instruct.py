@@ -89,3 +89,31 @@ def test_train_head_stages_use_both_data_parts(chat_tokenizer, tmp_path):
     info = json.loads((tmp_path / "out" / "training.json").read_text())
     assert info["data"]["sequences"] == len(pool) + len(chat)
     assert info["data"]["self_instructed_sequences"] == len(chat) > 0
+
+
+def test_user_message_inverts_the_chat_encoding(chat_tokenizer):
+    from arborspec.common.chat import encode_prompt
+    from arborspec.offline.self_instruct import user_message
+
+    assert user_message(chat_tokenizer, encode_prompt(chat_tokenizer, "How do magnets work?")) == "How do magnets work?"
+    with pytest.raises(ArborError, match="chat template"):
+        user_message(chat_tokenizer, chat_tokenizer("plain text")["input_ids"])
+
+
+def test_benchmark_overlap_counts_exact_and_shared_ngrams():
+    from arborspec.offline.prompt_overlap import benchmark_overlap
+
+    refs = {"set": ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture."]}
+    messages = ["compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture",  # exact
+                "Please compose an engaging travel blog post about a recent trip to Spain.",  # 8 shared words
+                "Compose an engaging travel blog post about Spain.",  # 7 shared words only
+                "How do magnets work?"]
+    res = benchmark_overlap(messages, refs, n=8)
+    assert res["set"] == {"texts": 1, "exact": 1, "sharing_ngram": 2}
+    assert res["messages"] == 4 and res["distinct"] == 4
+
+
+def test_an_unknown_prompt_source_is_refused(chat_tokenizer, tmp_path):
+    with pytest.raises(ArborError, match="unknown prompt source"):
+        generate_head_data(HeadDataConfig(prompt_source="self_instruct"), tiny_llama(4), chat_tokenizer, tmp_path,
+                           progress=False)

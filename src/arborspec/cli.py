@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import signal
 import sys
 from pathlib import Path
@@ -146,8 +147,8 @@ def generate(
         if budget is not None:
             raise ArborError("the budget is given twice: use --budget or --param budget=..., not both")
         budget = str(params.pop("budget"))
-    taken = sorted(set(params) & {"target", "draft", "method", "device", "dtype", "verifier", "reorder_dfs",
-                                  "device_map", "max_memory", "offload_folder", "draft_logits", "pair"})
+    own = {n for n, q in inspect.signature(SpeculativeGenerator).parameters.items() if q.kind is not q.VAR_KEYWORD}
+    taken = sorted(set(params) & own)  # the generator's own options, not the builder's
     if taken:
         raise ArborError(f"--param {taken[0]}=... is not a builder parameter: use the --{taken[0].replace('_', '-')} option")
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,

@@ -48,6 +48,7 @@ from .generation import cut_at_eos, left_padded, pad_token_id
 from .self_instruct import user_turn_prefix, write_queries
 
 SHARD_PREFIX = "shard_"
+PROMPT_SOURCES = ("pool", "self-instruct")
 LANGUAGES = ["French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian"]
 PASSAGE_MODULES = [
     "json", "csv", "argparse", "logging", "pathlib", "itertools", "functools", "collections", "datetime",
@@ -201,6 +202,8 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
     """
     from safetensors.torch import save_file
 
+    if cfg.prompt_source not in PROMPT_SOURCES:
+        raise ArborError(f"unknown prompt source {cfg.prompt_source!r}: use one of {', '.join(PROMPT_SOURCES)}")
     data_dir.mkdir(parents=True, exist_ok=True)
     meta_path = data_dir / "meta.json"
     settings = cfg.settings()
@@ -211,23 +214,22 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
         if old.get("settings") != settings:
             raise ArborError(f"{data_dir} holds head data made with other settings: use another --out or the same options")
     self_instruct = prompts is None and cfg.prompt_source == "self-instruct"
-    if prompts is None and not self_instruct:
-        prompts = head_prompts(cfg.num_prompts, cfg.seed)
-        source = ("stdlib docstrings -> coding questions; topics x task templates; translation, summarisation, "
-                  "passage QA and arithmetic prompts from stdlib text; never MT-Bench, HumanEval or Spec-Bench data")
     if self_instruct:
         source = ("self-instruct: user messages sampled from the target after its chat template's user-turn opening "
                   "(Magpie), no prompt set read")
         user_turn_prefix(tokenizer)  # a template-less tokenizer fails here, before anything is generated
-        batches = [list(range(i, min(i + cfg.batch_size, cfg.num_prompts)))
-                   for i in range(0, cfg.num_prompts, cfg.batch_size)]
-        encoded = None
+        num_prompts = cfg.num_prompts
+        batches = [range(i, min(i + cfg.batch_size, num_prompts)) for i in range(0, num_prompts, cfg.batch_size)]
     else:
+        if prompts is None:
+            prompts = head_prompts(cfg.num_prompts, cfg.seed)
+            source = ("stdlib docstrings -> coding questions; topics x task templates; translation, summarisation, "
+                      "passage QA and arithmetic prompts from stdlib text; never MT-Bench, HumanEval or Spec-Bench data")
         encoded = [encode_prompt(tokenizer, p)[-cfg.max_prompt_tokens:] for p in prompts]
+        num_prompts = len(prompts)
         batches = _batches(encoded, cfg.batch_size, cfg.seed)
     _write_atomic(meta_path, lambda p: p.write_text(json.dumps({
-        "settings": settings, "num_prompts": len(prompts) if prompts is not None else cfg.num_prompts,
-        "sources": source}, indent=2) + "\n"))
+        "settings": settings, "num_prompts": num_prompts, "sources": source}, indent=2) + "\n"))
     pad_id, eos_set = pad_token_id(tokenizer), set(eos_ids(tokenizer, model))
     done = {int(p.stem[len(SHARD_PREFIX):]) for p in data_dir.glob(f"{SHARD_PREFIX}*.safetensors")}
     recorder = FeatureRecorder(model)

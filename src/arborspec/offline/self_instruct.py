@@ -56,3 +56,13 @@ def write_queries(model, tokenizer, n: int, seed: int, end_ids: set[int], max_to
         if text:
             queries.append(text)
     return queries
+
+
+def user_message(tokenizer, prompt_ids: list[int]) -> str:
+    """The user's message inside a prompt that `common/chat.py` rendered through the chat template (its inverse)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False, add_generation_prompt=True)
+    before, after = text.split(_MARK)
+    rendered = tokenizer.decode(prompt_ids)
+    if not (rendered.startswith(before) and rendered.endswith(after)):
+        raise ArborError("this prompt was not rendered through the tokenizer's chat template with one user turn")
+    return rendered[len(before):len(rendered) - len(after)]

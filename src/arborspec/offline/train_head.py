@@ -344,12 +344,11 @@ def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
             generate_head_data(self_instruct_data(cfg), target, tokenizer, chat_dir, progress=progress)
         left = budget - (time.time() - t0)
         if not budget or left > 0:
-            generate_head_data(replace(cfg.data, time_budget_s=max(left, 0.0) if budget else 0.0), target, tokenizer,
-                               data_dir, progress=progress)
-    seqs = load_head_data(data_dir) if shard_paths(data_dir) or not shard_paths(chat_dir) else []
-    n_pool = len(seqs)
-    if shard_paths(chat_dir):
-        seqs += load_head_data(chat_dir)
+            generate_head_data(replace(cfg.data, time_budget_s=left if budget else 0.0), target, tokenizer, data_dir,
+                               progress=progress)
+    chat = load_head_data(chat_dir) if shard_paths(chat_dir) else []
+    pool = load_head_data(data_dir) if shard_paths(data_dir) or not chat else []  # neither: its error says what to run
+    seqs = pool + chat
     train_seqs, val_seqs = split(seqs, cfg.val_fraction, cfg.seed)
     target.requires_grad_(False)
     head, info = train(cfg, target, train_seqs, val_seqs, progress)
@@ -364,7 +363,7 @@ def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     extra = {"training": {**info, "config": {k: v for k, v in asdict(cfg).items() if k != "data"},
                           "data": {**cfg.data.settings(), "sequences": len(seqs), "answer_tokens": n_answer,
                                    "all_tokens": sum(len(s.tokens) for s in seqs),
-                                   "self_instructed_sequences": len(seqs) - n_pool}}}
+                                   "self_instructed_sequences": len(chat)}}}
     out = head.save(cfg.out, cfg.target, target, extra=extra)
     write_json_atomic(extra["training"], Path(cfg.out) / "training.json", indent=2)
     return out
