@@ -88,6 +88,68 @@ def test_greedy_dyspec_auto_is_a_prefix_of_the_fixed_tree(seed):
     assert rates[auto.size] == pytest.approx(max(rates[: auto.size + 1]))
 
 
+def _pessimist(rate: float):
+    """An acceptance model that has seen every bucket's draws accepted at `rate` x their draft probability."""
+    from arborspec.engine.acceptance import EDGES, AcceptanceModel
+
+    model = AcceptanceModel(prior=4.0)
+    for lo, hi in zip((0.0,) + EDGES, EDGES + (1.0,)):
+        q = (lo + hi) / 2
+        hits = round(400 * rate * q)
+        model.update([q] * 400, [True] * hits + [False] * (400 - hits))
+    return model
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dyspec_auto_growth_stops_on_calibrated_values(seed):
+    """Growth is judged with the values the cut will use: a draft the verifier accepts less than it
+    claims grows a smaller tree (fewer draft forwards), and the kept tree is the best-rate prefix of
+    the grown one under the calibrated values."""
+    curve = FLAT.__class__(FLAT.tokens, FLAT.relative, 0.05, 0.15)
+    sizes = {}
+    for label, acceptance in (("face", None), ("pessimist", _pessimist(0.3))):
+        drafter = TableDrafter(random_table(12, seed, power=4.0), 12)
+        ctx = table_ctx(drafter, seed)
+        ctx.cost, ctx.acceptance = curve, acceptance
+        auto = make_builder("dyspec", budget=32, auto=True).build(ctx, 0)
+        sizes[label] = (auto.size, drafter.forwards, drafter.rows)
+        full = make_builder("dyspec", budget=32).build(table_ctx(TableDrafter(random_table(12, seed, power=4.0), 12), seed), 0)
+        assert auto.tokens == full.tokens[: auto.num_nodes] and auto.parents == full.parents[: auto.num_nodes]
+        values = acceptance.node_values(full) if acceptance else full.values
+        rates = [(1 + sum(values[1:k + 1])) / curve.step_cost(k, drafter.forwards) for k in range(full.size + 1)]
+        assert rates[auto.size] == pytest.approx(max(rates[: auto.size + 1]))
+    assert all(p <= f for p, f in zip(sizes["pessimist"], sizes["face"])), sizes  # size, forwards, draft rows
+
+
+def test_growth_stop_values_nodes_like_the_acceptance_model():
+    from arborspec.builders.auto_size import GrowthStop
+
+    tree = _dyspec_tree(5, 12)
+    model = _pessimist(0.5)
+    stop = GrowthStop(FLAT, model, 16)
+    for node in range(1, tree.num_nodes):
+        stop.add(tree, node, 1)
+    assert stop.values == pytest.approx(model.node_values(tree))
+    assert stop.expected == pytest.approx(model.expected_length(tree))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_opt_tree_auto_stops_after_a_layer_that_does_not_pay(seed):
+    """On a free curve auto grows exactly the fixed tree; where draft forwards are dear it drafts fewer layers,
+    and never more."""
+    free = CostCurve((1, 64), (1.0, 1.0), 0.01, 0.0)
+    dear = CostCurve(FLAT.tokens, FLAT.relative, 0.05, 0.6)
+    grown = {}
+    for label, curve, auto in (("fixed", None, False), ("free", free, True), ("dear", dear, True)):
+        drafter = TableDrafter(random_table(12, seed, power=1.0, bump=3.0), 12)
+        ctx = table_ctx(drafter, seed)
+        ctx.cost = curve
+        tree = make_builder("opt-tree", budget=12, delta=0.0, auto=auto).build(ctx, 0)
+        grown[label] = (tree, drafter.forwards)
+    assert grown["free"][0].tokens == grown["fixed"][0].tokens and grown["free"][1] == grown["fixed"][1]
+    assert grown["dear"][1] < grown["fixed"][1], grown
+
+
 def test_auto_needs_a_cost_curve_and_a_builder_that_offers_it():
     drafter = TableDrafter(random_table(12, 0), 12)
     with pytest.raises(ArborError, match="cost curve"):
@@ -130,8 +192,36 @@ def test_auto_measures_the_cost_curve_once(tiny_pair):
     assert dec.generate(PROMPTS[0], cfg).output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
     curve = dec.cost
     assert curve is not None and curve.relative[0] == 1.0 and curve.one_token_s > 0 and curve.draft_cost > 0
+    assert curve.step_overhead >= 0 and not dec.learn_overhead  # learnt from the first generation, then fixed
     dec.generate(PROMPTS[1], cfg)
     assert dec.cost is curve
+
+
+def test_step_overhead_is_the_median_gap_between_steps_and_the_curve():
+    from arborspec.engine.stats import StepStats
+
+    curve = CostCurve((1, 2, 4), (1.0, 1.5, 2.5), 0.1, 0.1)
+
+    def step(size, forwards, seconds):
+        return StepStats(accepted_length=1, tree_size=size, tree_depth=1, estimated_length=1.0, draft_time=0.0,
+                         build_time=0.0, verify_time=seconds, other_time=0.0, draft_forwards=forwards)
+
+    # predicted: t(2) + 1 x 0.1 = 1.6 and t(4) + 2 x 0.1 = 2.7 t(1); measured 0.19 s and 0.30 s, 0.16 s
+    steps = [step(1, 1, 0.19), step(3, 2, 0.30), step(1, 1, 0.16), step(0, 0, 5.0)]
+    learnt = curve.with_overhead_of(steps)
+    assert learnt.step_overhead == pytest.approx(0.3)  # gaps 0.3, 0.3, 0.0: median 0.3; the plain step ignored
+    assert learnt.step_cost(1, 1) == pytest.approx(1.9) and learnt.relative == curve.relative
+    assert curve.with_overhead_of([step(1, 1, 0.1)]).step_overhead == 0.0  # never below 0
+    assert CostCurve.from_dict(learnt.as_dict()) == learnt
+
+
+def test_auto_sizes_grow_with_the_step_overhead():
+    """A fixed cost per step makes every node cheaper relative to the step: the best size never shrinks."""
+    gains = [0.6, 0.3, 0.04, 0.02, 0.015, 0.01, 0.01, 0.005]
+    sizes = [best_size(gains, CostCurve(FLAT.tokens, FLAT.relative, 0.05, 0.05, 0, o), 2) for o in (0.0, 1.0, 3.0)]
+    # step cost t(n + 1) + 2 x 0.05 + o. o = 1: 4 nodes (1.96 / 2.825) beat 2 (1.9 / 2.75) and 5 (1.975 / 2.85);
+    # o = 3: 5 nodes (1.975 / 4.85) beat 4 (1.96 / 4.825) and 6 (1.985 / 4.875)
+    assert sizes == [2, 4, 5]
 
 
 @pytest.mark.parametrize("name", ["dyspec", "dyspec-threshold"])
@@ -213,16 +303,21 @@ def test_auto_subtree_never_grows_estimated_length_per_cost_below_the_fixed_tree
 def test_acceptance_model_starts_at_face_value_and_learns_exact_rates():
     from arborspec.engine.acceptance import AcceptanceModel
 
-    model = AcceptanceModel(prior=4.0)
-    assert model.rate(0.3) == pytest.approx(0.3)
-    model.update([0.3] * 6 + [0.95] * 2, [True, False, False, False, False, False, True, True])
-    assert model.rate(0.3) == pytest.approx((1 + 4 * 0.3) / (6 + 4))  # bucket (0.2, 0.35]
-    assert model.rate(0.25) == pytest.approx((1 + 4 * 0.25) / (6 + 4))  # same bucket, own prior
-    assert model.rate(0.95) == pytest.approx((2 + 4 * 0.95) / (2 + 4))
+    model = AcceptanceModel(prior=4.0, rank_prior=8.0)
+    assert model.rate(0.3) == pytest.approx(0.3) and model.rate(0.3, 2) == pytest.approx(0.3)
+    model.update([0.3] * 6 + [0.95] * 2, [True, False, False, False, False, False, True, True], [0, 0, 1, 1, 2, 3, 0, 0])
+    pooled = (1 + 4 * 0.3) / (6 + 4)  # bucket (0.2, 0.35] over all ranks: 0.22
+    assert model.rate(0.3, 0) == pytest.approx((1 + 8 * pooled) / (2 + 8))  # 1st children: 1 of 2 accepted
+    assert model.rate(0.3, 1) == pytest.approx((0 + 8 * pooled) / (2 + 8))  # 2nd: 0 of 2
+    assert model.rate(0.3, 5) == model.rate(0.3, 2) == pytest.approx(8 * pooled / 10)  # 3rd and later: ranks 2, 3
+    assert model.rate(0.25, 0) == pytest.approx((1 + 8 * (1 + 4 * 0.25) / 10) / 10)  # same bucket, own prior
+    assert model.rate(0.95) == pytest.approx((2 + 8 * (2 + 4 * 0.95) / 6) / 10)
+    assert model.rate(0.05, 1) == pytest.approx(0.05)  # a bucket never seen: face value
     tree = _dyspec_tree(2, 6)
     values = model.node_values(tree)
     for i in range(1, tree.num_nodes):
-        assert values[i] == pytest.approx(values[tree.parents[i]] * model.rate(tree.draft_probs[i]))
+        rank = tree.children[tree.parents[i]].index(i)
+        assert values[i] == pytest.approx(values[tree.parents[i]] * model.rate(tree.draft_probs[i], rank))
     assert model.expected_length(tree) == pytest.approx(sum(values))
 
 
@@ -238,3 +333,5 @@ def test_the_decoder_learns_acceptance_and_records_the_calibrated_estimate(tiny_
     calibrated = sum(s.calibrated_length for s in late) / len(late)
     assert abs(calibrated - actual) < abs(raw - actual), (raw, calibrated, actual)
     assert sum(dec.acceptance.examined) == sum(len(s.examined_accepted) for s in res.steps)
+    assert sum(map(sum, dec.acceptance.examined_by_rank)) == sum(dec.acceptance.examined)
+    assert sum(row[1] + row[2] for row in dec.acceptance.examined_by_rank) > 0  # later siblings were seen

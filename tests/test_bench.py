@@ -12,7 +12,7 @@ from arborspec.errors import ArborError
 from arborspec.bench.metrics import summarize, speedup_vs_baseline
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
-from arborspec.bench.report import PLOTS, read_results, write_report
+from arborspec.bench.report import PLOTS, read_results, step_overheads, write_report
 
 from conftest import char_tokenizer, perturbed_copy, tiny_llama
 
@@ -165,6 +165,14 @@ def test_report_from_synthetic_results(tmp_path):
     report = write_report([path], tmp_path / "rep")
     _check_report(tmp_path / "rep", report)
     assert "2.10x" in report.read_text()  # 11 / 5.25
+
+
+def test_step_overheads_are_read_per_method_first_seen():
+    runs = [{"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.25}},
+            {"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.3}},
+            {"method": "dyspec:budget=8", "config": {"builder": "dyspec"}},
+            {"method": "autoregressive", "config": {"builder": "autoregressive"}}]
+    assert step_overheads(runs) == {"dyspec:budget=auto": 0.25}
 
 
 def test_report_errors(tmp_path):

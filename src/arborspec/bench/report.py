@@ -338,6 +338,16 @@ def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
     _save(plt, fig, path, outside_legend=True)
 
 
+def step_overheads(runs: list[dict]) -> dict[str, float]:
+    """Per method label, the step overhead its recorded runs used (the first seen; fixed after the warm-up)."""
+    out: dict[str, float] = {}
+    for r in runs:
+        value = (r.get("config") or {}).get("step_overhead")
+        if value is not None:
+            out.setdefault(r["method"], float(value))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- report
 def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     """Tables + plots from saved results; returns the path of `report.md`."""
@@ -379,6 +389,11 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
         for p, c in curves:
             pts = ", ".join(f"{n}: {r:.2f}" for n, r in zip(c["tokens"], c["relative"]))
             lines.append(f"* `{p}`: t(1) = {1000 * c['one_token_s']:.1f} ms; {pts}; draft {c['draft_cost']:.3f}")
+        learnt = step_overheads(runs)
+        if learnt:
+            lines += ["", "Step overhead learnt by each `budget=auto` method from its first generation (time per step "
+                      "outside the timed forwards / t(1); docs/algorithms.md §7): "
+                      + ", ".join(f"`{m}` {o:.3f}" for m, o in learnt.items()) + "."]
         lines.append("")
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]

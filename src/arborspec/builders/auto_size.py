@@ -41,16 +41,21 @@ def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
     return cost
 
 
-def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
+def best_prefix(gains: list[float], cost: CostCurve, draft_forwards: int) -> tuple[int, float]:
     """The n in 0..len(gains) maximising `(1 + sum(gains[:n])) / cost.step_cost(n, draft_forwards)`
-    (`gains` in ranking order; the smallest such n on ties)."""
+    (`gains` in ranking order; the smallest such n on ties), and that rate."""
     best_n, best_rate, expected = 0, 1.0 / cost.step_cost(0, draft_forwards), 1.0
     for n, gain in enumerate(gains, start=1):
         expected += gain
         rate = expected / cost.step_cost(n, draft_forwards)
         if rate > best_rate:
             best_n, best_rate = n, rate
-    return best_n
+    return best_n, best_rate
+
+
+def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
+    """The n of `best_prefix`."""
+    return best_prefix(gains, cost, draft_forwards)[0]
 
 
 def cannot_improve(expected: float, size: int, bound: float, cap: int, cost: CostCurve, draft_forwards: int,
@@ -83,13 +88,65 @@ def ranking(tree: TokenTree) -> list[int]:
     return sorted(range(1, tree.num_nodes), key=lambda i: (-slots[i], i))
 
 
+def calibrated_values(tree: TokenTree, acceptance: AcceptanceModel | None) -> list[float]:
+    """Per node, the acceptance model's calibrated value when one is given, else the builder's own."""
+    return acceptance.node_values(tree) if acceptance is not None else tree.values
+
+
+def best_rate(tree: TokenTree, cost: CostCurve, draft_forwards: int, acceptance: AcceptanceModel | None = None,
+              cap: int | None = None) -> float:
+    """The best expected rate a prefix (of at most `cap` nodes) of `tree`'s ranking reaches: what a
+    layer-by-layer builder compares after each layer to decide whether one more layer can pay."""
+    values = calibrated_values(tree, acceptance)
+    return best_prefix([values[i] for i in ranking(tree)[:cap]], cost, draft_forwards)[1]
+
+
 def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,
                  acceptance: AcceptanceModel | None = None) -> TokenTree:
     """The best-rate prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
     calibrated values when one is given (engine/acceptance.py), else the builder's own."""
     order = ranking(tree)
-    values = acceptance.node_values(tree) if acceptance is not None else tree.values
+    values = calibrated_values(tree, acceptance)
     n = best_size([values[i] for i in order], cost, draft_forwards)
     if n == len(order):
         return tree
     return tree.subtree(order[:n])
+
+
+class GrowthStop:
+    """When a tree grown node by node in ranking order (DySpec's heap) can stop: no larger tree can
+    beat the best rate so far (`cannot_improve`).
+
+    Nodes are valued as `auto_subtree` will value them, by the acceptance model when there is one:
+    a node's calibrated value is its parent's times `rate(q)`. The nodes still to come are bounded by
+    the best open slot's value (the builder's own), scaled by the calibrated-to-own ratio of the
+    nodes so far: with a draft that over-states its acceptance (T > 0) the tree stops where its
+    calibrated value stops paying, instead of growing to the cap and drafting nodes the cut discards.
+    """
+
+    def __init__(self, cost: CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
+        self.cost, self.acceptance, self.cap = cost, acceptance, cap
+        self.values = [1.0]  # calibrated value per node, the root's 1 first
+        self.expected, self.own_sum = 1.0, 0.0
+        self.rate = 0.0
+
+    def add(self, tree: TokenTree, node: int, draft_forwards: int) -> None:
+        """Record `node` (the newest in `tree`)."""
+        q, parent = tree.draft_probs[node], tree.parents[node]
+        rate = self.acceptance.rate(q, tree.children[parent].index(node)) if self.acceptance is not None else q
+        self.values.append(self.values[parent] * rate)
+        self.expected += self.values[-1]
+        self.own_sum += tree.values[node]
+        self.rate = max(self.rate, 1.0 / self.cost.step_cost(0, draft_forwards),
+                        self.expected / self.cost.step_cost(tree.size, draft_forwards))
+
+    def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int) -> bool:
+        """True when growing past `tree.size` nodes cannot raise the rate."""
+        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 else 1.0
+        return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.cost,
+                              draft_forwards, self.rate)
+
+    def can_pay(self, tree: TokenTree, slot_value: float, draft_forwards: int) -> bool:
+        """Whether nodes worth `slot_value` (the builder's own) could still raise the rate: what a slot
+        must be worth to have its distribution drafted ahead of time."""
+        return not self.done(tree, slot_value, draft_forwards)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
-from .auto_size import auto_subtree, cannot_improve, require_cost
+from .auto_size import GrowthStop, auto_subtree, require_cost
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -98,13 +98,11 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         draws: dict[int, DrawSequence] = {}
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
-        if self.auto:
-            cost = require_cost(self.name, ctx.cost)
-            expected, best_rate = 1.0, 1.0 / cost.step_cost(0, ctx.drafter.forwards)
+        stop = GrowthStop(require_cost(self.name, ctx.cost), ctx.acceptance, self.budget) if self.auto else None
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
-                self._forward(ctx, tree, heap, slot.parent, draws)
+                self._forward(ctx, tree, heap, slot.parent, draws, stop)
                 draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
             seq = draws[slot.parent]
             node = add_draw(tree, seq, slot.parent, slot.k)
@@ -113,20 +111,19 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 heapq.heappush(heap, Slot(-value, next(counter), slot.parent, slot.k + 1))
             if tree.depths[node] < self.depth_limit:  # first child of the new node
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
-            if self.auto and heap:
+            if stop is not None:
                 # stop growing once no larger tree can beat the best rate so far: every node still
-                # to come is worth at most the best slot left (slot values only fall)
-                expected += tree.values[node]
-                forwards = ctx.drafter.forwards
-                best_rate = max(best_rate, expected / cost.step_cost(tree.size, forwards))
-                if cannot_improve(expected, tree.size, -heap[0].neg_value, self.budget, cost, forwards, best_rate):
+                # to come is worth at most the best slot left (slot values only fall), calibrated
+                stop.add(tree, node, ctx.drafter.forwards)
+                if heap and stop.done(tree, -heap[0].neg_value, ctx.drafter.forwards):
                     break
         return self._auto_prune(ctx, tree) if self.auto else tree
 
     def _forward(self, ctx: DraftContext, tree: TokenTree, heap: list[Slot], node: int,
-                 draws: dict[int, DrawSequence]) -> None:
+                 draws: dict[int, DrawSequence], stop: GrowthStop | None = None) -> None:
         """One batched draft forward for `node` and, with `prefetch`, the other unexpanded nodes
-        among the slots that can still be popped (the best `budget - size - 1` in the heap).
+        among the slots that can still be popped (the best `budget - size - 1` in the heap; with
+        `budget=auto`, only those whose value could still raise the rate, `GrowthStop.can_pay`).
 
         Only those can be popped before the budget runs out: later pushes never outrank
         the slot they came from. Extra rows may be wasted but never change the tree,
@@ -135,7 +132,10 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         nodes = [node]
         if self.prefetch:
             room = self.budget - tree.size - 1
-            nodes += [s.parent for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
+            slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
+            if stop is not None:
+                slots = [s for s in slots if stop.can_pay(tree, -s.neg_value, ctx.drafter.forwards)]
+            nodes += [s.parent for s in slots]
         ctx.probs(tree, nodes)
 
 

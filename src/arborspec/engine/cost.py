@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -39,6 +39,7 @@ class CostCurve:
     one_token_s: float             # t(1) in seconds
     draft_cost: float = 0.0        # one draft forward (one new token) / t(1)
     context: int = 0               # cache length of the timing forwards
+    step_overhead: float = 0.0     # per step, the time outside the timed forwards (building, bookkeeping) / t(1)
 
     def t(self, rows: int) -> float:
         """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond
@@ -62,8 +63,19 @@ class CostCurve:
         return ys[-1] + slope * (rows - xs[-1])
 
     def step_cost(self, tree_size: int, draft_forwards: int) -> float:
-        """One step in units of t(1): verify `tree_size` draft nodes + the root, plus the draft forwards."""
-        return self.t(tree_size + 1) + draft_forwards * self.draft_cost
+        """One step in units of t(1): verify `tree_size` draft nodes + the root, plus the draft forwards and the
+        step's fixed overhead."""
+        return self.t(tree_size + 1) + draft_forwards * self.draft_cost + self.step_overhead
+
+    def with_overhead_of(self, steps) -> "CostCurve":
+        """This curve with `step_overhead` measured from a generation's `StepStats`: the median, over its steps,
+        of the step's time in units of t(1) minus what the curve predicts for its tree and draft forwards
+        (never below 0). Steps without a tree (plain decoding) leave it unchanged."""
+        gaps = [(s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
+                - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost for s in steps if s.tree_size > 0]
+        if not gaps:
+            return self
+        return replace(self, step_overhead=max(0.0, statistics.median(gaps)))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +83,8 @@ class CostCurve:
     @classmethod
     def from_dict(cls, data: dict) -> "CostCurve":
         return cls(tuple(int(x) for x in data["tokens"]), tuple(float(y) for y in data["relative"]),
-                   float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)))
+                   float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)),
+                   float(data.get("step_overhead", 0.0)))
 
 
 def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:

@@ -69,14 +69,18 @@ def _finish(new: list[int], out: list[int], cfg: DecodeConfig) -> tuple[list[int
     return new, ("length" if len(out) + len(new) >= cfg.max_new_tokens else None)
 
 
-def examined_children(tree: TokenTree, result: VerifyResult) -> tuple[list[int], list[bool]]:
-    """Children of every node the verifier stood on, and whether each was accepted."""
-    nodes, flags, accepted = [], [], set(result.accepted)
+MIN_OVERHEAD_STEPS = 4  # steps a generation needs before its per-step overhead is taken into the cost curve
+
+
+def examined_children(tree: TokenTree, result: VerifyResult) -> tuple[list[int], list[bool], list[int]]:
+    """Children of every node the verifier stood on, whether each was accepted, and each one's sibling rank."""
+    nodes, flags, ranks, accepted = [], [], [], set(result.accepted)
     for parent in [0] + result.accepted:
-        for kid in tree.children[parent]:
+        for rank, kid in enumerate(tree.children[parent]):
             nodes.append(kid)
             flags.append(kid in accepted)
-    return nodes, flags
+            ranks.append(rank)
+    return nodes, flags, ranks
 
 
 class SpeculativeDecoder:
@@ -85,10 +89,13 @@ class SpeculativeDecoder:
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
                  reorder_dfs: bool = False, cost: CostCurve | None = None) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
-        on first use (once per process, `engine/cost.cost_curve_for`)."""
+        on first use (once per process, `engine/cost.cost_curve_for`), and the step's overhead outside the
+        timed forwards measured from this decoder's first generation of at least `MIN_OVERHEAD_STEPS`
+        steps (`CostCurve.with_overhead_of`; docs/algorithms.md §7)."""
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
+        self.learn_overhead = cost is None  # a measured curve learns the step's overhead from the first generation
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
 
@@ -124,13 +131,17 @@ class SpeculativeDecoder:
                 trim.advance(steps[-1].accepted_length)
         except KeyboardInterrupt:
             raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
+        if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
+            self.cost = self.cost.with_overhead_of(steps)  # then fixed: later generations size trees alike
+            self.learn_overhead = False
         return self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
         wall = clock(self.target.device) - t_start
         return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=list(out), steps=list(steps),
                                 wall_time=wall, stop_reason=stop,
-                                config={"builder": self.builder.describe(), "verifier": verifier_name})
+                                config={"builder": self.builder.describe(), "verifier": verifier_name}
+                                | ({"step_overhead": round(self.cost.step_overhead, 4)} if self.builder.needs_cost else {}))
 
     def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
               draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
@@ -158,11 +169,11 @@ class SpeculativeDecoder:
         if on_tokens is not None:
             on_tokens(new)
         t3 = clock(self.target.device)
-        kids, flags = examined_children(tree, result)
+        kids, flags, ranks = examined_children(tree, result)
         head_time = getattr(logits, "seconds", 0.0)  # LM-head rows the verifier computed: part of verification
         calibrated = self.acceptance.expected_length(tree)
         examined_probs = [tree.draft_probs[k] for k in kids]
-        self.acceptance.update(examined_probs, flags)
+        self.acceptance.update(examined_probs, flags, ranks)
         steps.append(StepStats(
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
             estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
