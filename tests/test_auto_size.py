@@ -134,7 +134,7 @@ def test_growth_stop_values_nodes_like_the_acceptance_model():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_opt_tree_auto_stops_after_a_layer_that_does_not_pay(seed):
+def test_opt_tree_auto_drafts_a_layer_only_if_it_can_pay(seed):
     """On a free curve auto grows exactly the fixed tree; where draft forwards are dear it drafts fewer layers,
     and never more."""
     free = CostCurve((1, 64), (1.0, 1.0), 0.01, 0.0)

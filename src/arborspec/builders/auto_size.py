@@ -93,12 +93,36 @@ def calibrated_values(tree: TokenTree, acceptance: AcceptanceModel | None) -> li
     return acceptance.node_values(tree) if acceptance is not None else tree.values
 
 
-def best_rate(tree: TokenTree, cost: CostCurve, draft_forwards: int, acceptance: AcceptanceModel | None = None,
-              cap: int | None = None) -> float:
-    """The best expected rate a prefix (of at most `cap` nodes) of `tree`'s ranking reaches: what a
-    layer-by-layer builder compares after each layer to decide whether one more layer can pay."""
+def layer_to_draft(tree: TokenTree, layer: list[int], cost: CostCurve, draft_forwards: int,
+                   acceptance: AcceptanceModel | None, cap: int) -> list[int]:
+    """For a builder that grows layer by layer (OPT-Tree): the nodes of `layer` whose children could still
+    raise the best rate of the tree so far (its best prefix of at most `cap` nodes, calibrated values) after
+    paying one more draft forward; empty: stop growing.
+
+    A node is dropped when it is worth less than the cheapest average price of a node beyond the best prefix
+    (`rate x (step cost(m) - step cost(n)) / (m - n)`, minimised over m): its children, worth less still, can
+    never pay for their rows. Then the layer as a whole: at most one child of a node is accepted, so the
+    children are worth at most their parent each and at most the layer's total value together; the best tree
+    of m nodes holds some j children and the m - j best nodes already there (a full tree gains by swapping
+    its weakest); if no m beats the rate, the layer is not worth its forward."""
     values = calibrated_values(tree, acceptance)
-    return best_prefix([values[i] for i in ranking(tree)[:cap]], cost, draft_forwards)[1]
+    gains = [values[i] for i in ranking(tree)[:cap]]
+    n, rate = best_prefix(gains, cost, draft_forwards + 1)
+    base = cost.step_cost(n, draft_forwards + 1)
+    price = min(((cost.step_cost(m, draft_forwards + 1) - base) / (m - n) for m in range(n + 1, cap + 1)),
+                default=0.0)
+    layer = [i for i in layer if values[i] >= rate * price]
+    top = max((values[i] for i in layer), default=0.0)
+    total = sum(values[i] for i in layer)
+    prefix = [0.0]
+    for gain in gains:
+        prefix.append(prefix[-1] + gain)
+    rate = best_prefix(gains, cost, draft_forwards)[1]
+    for m in range(1, cap + 1):
+        expected = 1.0 + max(prefix[min(m - j, len(gains))] + min(total, j * top) for j in range(m + 1))
+        if expected / cost.step_cost(m, draft_forwards + 1) > rate:
+            return layer
+    return []
 
 
 def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,

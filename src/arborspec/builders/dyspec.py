@@ -33,7 +33,9 @@ Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
 and `topk` (draws per node; None: as many as the budget allows). With
 `auto=true` (`budget=auto`) the budget is a cap and each tree is cut to the size
 with the best expected tokens per unit of step time (builders/auto_size.py); the
-greedy variant also stops growing once no larger tree can win.
+greedy variant also stops growing once no larger tree can win, and pays a draft
+forward for a node's children only if children worth that node's value could
+still raise the rate after paying it (docs/algorithms.md §7).
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
+                if (stop is not None and not ctx.has_probs(tree, slot.parent)
+                        and not stop.can_pay(tree, -slot.neg_value, ctx.drafter.forwards + 1)):
+                    continue  # budget=auto: the node stays a leaf, its children could not repay the forward
                 self._forward(ctx, tree, heap, slot.parent, draws, stop)
                 draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
             seq = draws[slot.parent]

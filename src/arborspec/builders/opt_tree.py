@@ -39,7 +39,7 @@ import torch
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import ChildrenMode, TokenTree
 from ..errors import ArborError
-from .auto_size import auto_subtree, best_rate, require_cost
+from .auto_size import auto_subtree, layer_to_draft, require_cost
 from .base import rank_nodes, require_positive, top_children
 from .registry import register
 
@@ -91,12 +91,11 @@ class OptTreeBuilder(TreeBuilder):
         return auto_subtree(tree, cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
 
     def grow(self, ctx: DraftContext, root_token: int) -> OptTreeResult:
-        """Layer by layer (module doc). With `auto`, growth also stops after a layer that did not raise the
-        best expected rate of the tree (builders/auto_size.best_rate, calibrated values): the next layer
-        would cost one more draft forward for nodes worth less still."""
+        """Layer by layer (module doc). With `auto`, only the nodes whose children could still pay for their rows
+        are drafted, and growth stops when the next layer could not raise the tree's best expected rate after
+        paying its draft forward (builders/auto_size.layer_to_draft, calibrated values)."""
         work = TokenTree.from_root(root_token, self.children_mode)
         layer, history = [0], [1.0]  # E(A) of the root alone: the bonus token
-        rate = 0.0
         for _ in range(self.max_depth):
             new = best_children(ctx, work, layer, self.budget, self.topk or self.budget)
             best = rank_nodes(work)[: self.budget]
@@ -107,8 +106,7 @@ class OptTreeBuilder(TreeBuilder):
             if history[-1] - history[-2] < self.delta or not layer:
                 break
             if self.auto:
-                grown = best_rate(work, ctx.cost, ctx.drafter.forwards, ctx.acceptance, self.budget)
-                if grown <= rate:
+                layer = layer_to_draft(work, layer, ctx.cost, ctx.drafter.forwards, ctx.acceptance, self.budget)
+                if not layer:
                     break
-                rate = grown
         return OptTreeResult(top_subtree(work, self.budget, self.children_mode), history)

@@ -105,6 +105,10 @@ class DraftContext:
                 self._probs[tuple(tree.path_tokens(n))] = row
         return torch.stack([self._probs[key] for key in keys])
 
+    def has_probs(self, tree: TokenTree, node: int) -> bool:
+        """Whether `probs(tree, [node])` is already known this step (no draft forward needed)."""
+        return tuple(tree.path_tokens(node)) in self._probs
+
     def gumbel(self, tree: TokenTree, node: int, size: int | None = None) -> torch.Tensor:  # [size or V]
         """`size` draws keyed by the node's path (default: one per vocabulary entry; a builder asks for
         one per support token of the node's draft distribution, `sampling.sample_without_replacement`)."""
