@@ -94,12 +94,16 @@ def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:
 
 def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT_SIZES,
                          repeats: int = 5) -> tuple[list[int], list[float], float]:
-    """t(k) for each k in `sizes`: a k-row tree forward over a cache of `context`; returns (sizes, t(k)/t(1), t(1) s)."""
+    """t(k) for each k in `sizes`: a k-row tree forward over a cache of `context`; returns (sizes, t(k)/t(1), t(1) s).
+
+    The sizes are timed round-robin (one untimed round first, then `repeats` timed rounds, median per size),
+    so that a slow start (cold caches, allocator growth, another process) spreads over every size instead of
+    inflating the one timed first: t(1), which every ratio divides by."""
     sizes = sorted(set(sizes) | {1})
     target.reset()
     target.prefill(torch.tensor(context))
     past = target.cache_len
-    seconds = []
+    runs = []
     for k in sizes:
         tree = TokenTree.from_root(context[-1])
         for j in range(k - 1):  # a star: shape does not change the cost of a dense-masked forward
@@ -112,9 +116,16 @@ def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT
             clock(target.device)  # wait for the device before the crop
             target.crop_to(past)
 
-        seconds.append(median_seconds(run, repeats, warmup=1))
+        runs.append(run)
+    times: list[list[float]] = [[] for _ in sizes]
+    for round_ in range(repeats + 1):
+        for i, run in enumerate(runs):
+            seconds = median_seconds(run, 1)
+            if round_:  # round 0 warms every size up
+                times[i].append(seconds)
     target.reset()
-    return sizes, [s / seconds[0] for s in seconds], seconds[0]
+    medians = [statistics.median(t) for t in times]
+    return sizes, [s / medians[0] for s in medians], medians[0]
 
 
 def measure_draft_seconds(drafter, context: list[int], repeats: int, target: ModelAdapter | None = None) -> float:
