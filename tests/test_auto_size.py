@@ -128,7 +128,7 @@ def test_growth_stop_values_nodes_like_the_acceptance_model():
     model = _pessimist(0.5)
     stop = GrowthStop(FLAT, model, 16)
     for node in range(1, tree.num_nodes):
-        stop.add(tree, node, 1)
+        stop.add(tree.subtree(list(range(1, node + 1))), node, 1)  # as grown: `node` is the newest
     assert stop.values == pytest.approx(model.node_values(tree))
     assert stop.expected == pytest.approx(model.expected_length(tree))
 

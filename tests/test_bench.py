@@ -167,6 +167,16 @@ def test_report_from_synthetic_results(tmp_path):
     assert "2.10x" in report.read_text()  # 11 / 5.25
 
 
+def test_report_json_prints_and_writes_the_same_result(tmp_path, capsys):
+    from arborspec.common.jsonfiles import report_json
+
+    res = {"top1": [0.42, 0.37], "head": "embedded-head"}
+    report_json(res, tmp_path / "new" / "q.json")
+    assert json.loads((tmp_path / "new" / "q.json").read_text()) == res == json.loads(capsys.readouterr().out)
+    report_json(res, None)
+    assert json.loads(capsys.readouterr().out) == res
+
+
 def test_step_overheads_are_read_per_method_first_seen():
     runs = [{"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.25}},
             {"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.3}},

@@ -157,7 +157,8 @@ class GrowthStop:
     def add(self, tree: TokenTree, node: int, draft_forwards: int) -> None:
         """Record `node` (the newest in `tree`)."""
         q, parent = tree.draft_probs[node], tree.parents[node]
-        rate = self.acceptance.rate(q, tree.children[parent].index(node)) if self.acceptance is not None else q
+        rank = len(tree.children[parent]) - 1  # `node` is its parent's newest child
+        rate = self.acceptance.rate(q, rank) if self.acceptance is not None else q
         self.values.append(self.values[parent] * rate)
         self.expected += self.values[-1]
         self.own_sum += tree.values[node]

@@ -32,3 +32,11 @@ def write_json_atomic(obj: Any, path: str | Path, indent: int | None = 1) -> Non
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def report_json(obj: Any, out: str | Path | None) -> None:
+    """A measuring command's result: printed, and written atomically to `out` (its folder made) when given."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(obj, out, indent=2)
+    print(json.dumps(obj, indent=2))

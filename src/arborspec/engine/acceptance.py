@@ -13,8 +13,7 @@ of shrinkage: the rate of q's bucket over all ranks is shrunk toward q itself by
 (so the model starts at face value), and the (bucket, rank) rate toward that by `rank_prior`. The rank
 matters above temperature 0: a later sibling is examined only after the earlier ones were rejected, against
 the target's residual distribution, which has no mass where the draft over-weights, so a 2nd child of
-draft probability 0.3 is accepted less often than a 1st child of 0.3 (MT-Bench at T = 0.6 with the head:
-the bucket-only model over-stated the 2nd and later children by 27-97 %). A node's calibrated value is
+draft probability 0.3 is accepted less often than a 1st child of 0.3. A node's calibrated value is
 the product of the map along its path; a tree's calibrated E[accepted length] is 1 + their sum.
 
 `budget=auto` sizes trees with the calibrated values (builders/auto_size.py), the step statistics record

@@ -18,7 +18,6 @@ turns and HumanEval prompts, found inside their installed packages by
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from ..common.chat import encode_prompt
 from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
 from ..common.progress import progress_bar
+from ..common.jsonfiles import report_json
 from ..common.timing import clock
 from ..errors import ArborError
 from ..models import load_model, load_tokenizer, resolve_model_path
@@ -163,11 +163,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     res["command"] = "python -m arborspec.offline.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = json.dumps(res, indent=2)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    report_json(res, a.out)
     return 0
 
 

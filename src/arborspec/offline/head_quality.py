@@ -17,13 +17,13 @@ The answers and their features are generated once into `--work-dir` (resumable).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from ..common.jsonfiles import report_json
 from ..common.timing import median_seconds
 from .draft_quality import forward_time, humaneval_prompts, mtbench_first_turns
 from ..drafters.head import DraftHead, load_head
@@ -123,10 +123,7 @@ def main(argv=None) -> int:
                   n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                   int8_logits=a.int8_logits)
     res["head"] = a.head  # the name the user gave (the resolved path depends on the install)
-    text = json.dumps(res, indent=2)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    report_json(res, a.out)
     return 0
 
 

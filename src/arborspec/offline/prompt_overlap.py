@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from ..common.jsonfiles import report_json
+
 
 def words(text: str) -> list[str]:
     return re.sub(r"\W+", " ", text.lower()).split()
@@ -58,10 +60,7 @@ def main(argv=None) -> int:
     shards = len(list(Path(a.data_dir).glob("shard_*.safetensors")))
     batch = json.loads((Path(a.data_dir) / "meta.json").read_text())["settings"]["batch_size"]
     res["asked"] = shards * batch  # user messages asked for in the stored batches (the rest were not closed in time)
-    text = json.dumps(res, indent=2)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    report_json(res, a.out)
     return 0
 
 
