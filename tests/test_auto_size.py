@@ -128,7 +128,7 @@ def test_growth_stop_values_nodes_like_the_acceptance_model():
     model = _pessimist(0.5)
     stop = GrowthStop(FLAT, model, 16)
     for node in range(1, tree.num_nodes):
-        stop.add(tree.subtree(list(range(1, node + 1))), node, 1)  # as grown: `node` is the newest
+        stop.add(tree.subtree(list(range(1, node + 1))), node)  # as grown: `node` is the newest
     assert stop.values == pytest.approx(model.node_values(tree))
     assert stop.expected == pytest.approx(model.expected_length(tree))
 
@@ -335,3 +335,151 @@ def test_the_decoder_learns_acceptance_and_records_the_calibrated_estimate(tiny_
     assert sum(dec.acceptance.examined) == sum(len(s.examined_accepted) for s in res.steps)
     assert sum(map(sum, dec.acceptance.examined_by_rank)) == sum(dec.acceptance.examined)
     assert sum(row[1] + row[2] for row in dec.acceptance.examined_by_rank) > 0  # later siblings were seen
+
+
+def test_long_run_objective_exact_and_consistent_with_the_step_rate():
+    from arborspec.builders.auto_size import Objective, best_prefix
+
+    gains = [0.9, 0.6, 0.1]
+    # STEEP step costs (no draft forwards): n=0: 1.0, n=1: 1.5, n=2: 2.0, n=3: 2.5; E[A]: 1, 1.9, 2.5, 2.6
+    # lam = 1: scores 0, 0.4, 0.5, 0.1 -> n = 2; lam = 1.5: -0.5, -0.35, -0.5, -1.15 -> n = 1
+    assert best_prefix(gains, Objective(STEEP, 1.0), 0) == (2, pytest.approx(0.5))
+    assert best_prefix(gains, Objective(STEEP, 1.5), 0)[0] == 1
+    # lam low enough: every node that adds more than lam x its price is kept
+    assert best_prefix(gains, Objective(STEEP, 0.1), 0)[0] == 3
+    # Dinkelbach: with lam = the step's own best rate, the long-run rule picks the step rule's size
+    for seed in range(20):
+        g = sorted(torch.rand(12, generator=torch.Generator().manual_seed(seed)).tolist(), reverse=True)
+        g = [x * 0.6 for x in g]
+        n, rate = best_prefix(g, FLAT, 2)
+        assert best_prefix(g, Objective(FLAT, rate), 2)[0] == n
+        # brute force: argmax of E[A] - lam x cost
+        for lam in (0.5, 1.0, 1.7):
+            scores = [1 + sum(g[:k]) - lam * FLAT.step_cost(k, 2) for k in range(len(g) + 1)]
+            assert best_prefix(g, Objective(FLAT, lam), 2)[0] == scores.index(max(scores))
+
+
+def test_long_run_rule_grows_confident_steps_and_shrinks_unsure_ones():
+    """A step whose own rate is above the generation's rate keeps more nodes under the long-run rule than
+    under its own rate; a step below it keeps fewer (down to a plain step)."""
+    from arborspec.builders.auto_size import Objective, best_size
+
+    confident = [0.95, 0.9, 0.85, 0.8] + [0.06] * 20  # its own best rate: 2.65 (15 nodes)
+    unsure = [0.5, 0.3, 0.2, 0.1]  # its own best rate: 1.18 (4 nodes)
+    assert best_size(confident, FLAT, 1) == 15 < best_size(confident, Objective(FLAT, 1.2), 1) == 24
+    # every 0.06 node beyond 16 rows costs 0.0375 t(1): worth it at lam = 1.2, not at the step's own 2.65
+    assert best_size(unsure, FLAT, 1) == 4 > best_size(unsure, Objective(FLAT, 2.0), 1) == 0
+
+
+def test_cannot_improve_with_the_long_run_objective_agrees_with_brute_force():
+    from arborspec.builders.auto_size import Objective
+
+    for lam in (0.8, 1.3):
+        obj = Objective(FLAT, lam)
+        for expected, size, bound, forwards in itertools.product((1.5, 2.0, 3.0), (1, 3, 6), (0.01, 0.1, 0.4), (0, 2)):
+            best = max(expected - lam * FLAT.step_cost(size, forwards), 1.0 - lam * FLAT.step_cost(0, forwards))
+            brute = all(expected + (m - size) * bound - lam * FLAT.step_cost(m, forwards) <= best
+                        for m in range(size + 1, 17))
+            assert cannot_improve(expected, size, bound, 16, obj, forwards, best) == brute
+
+
+def test_growth_stop_prices_the_best_prefix_with_the_forwards_paid_now():
+    """Sunk draft forwards lower every size's rate alike: the best prefix so far is re-priced with them, so a
+    forward paid after a good prefix does not make growth look hopeless against that prefix's old rate."""
+    from arborspec.builders.auto_size import GrowthStop
+
+    tree = _dyspec_tree(5, 12)
+    stop = GrowthStop(FLAT, None, 16)
+    for node in range(1, 5):
+        stop.add(tree.subtree(list(range(1, node + 1))), node)
+    for forwards in (0, 1, 3):
+        assert stop.best(forwards) == pytest.approx(max(e / FLAT.step_cost(k, forwards) for k, e in enumerate(stop.prefix)))
+    assert stop.best(3) < stop.best(0)
+
+
+def test_long_run_rate_is_tokens_over_modelled_cost():
+    from arborspec.engine.long_run import MIN_STEPS, LongRunRate
+
+    rate = LongRunRate()
+    rate.observe(3, 1.5)
+    assert MIN_STEPS == 2 and rate.rate is None  # one step is not a rate yet
+    rate.observe(1, 2.5)
+    assert rate.rate == pytest.approx(4 / 4.0)
+    rate.observe(2, 1.0)
+    assert rate.rate == pytest.approx(6 / 5.0)
+
+
+@pytest.mark.parametrize("objective", ["step", "long-run"])
+def test_the_decoder_feeds_its_long_run_rate_to_auto_and_stays_exact(tiny_pair, objective):
+    target, draft = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=24)
+    seen = []
+    builder = make_builder("dyspec", budget="auto", objective=objective)
+    real_build = builder.build
+
+    def spy(ctx, root):
+        seen.append(ctx.long_run)
+        return real_build(ctx, root)
+
+    object.__setattr__(builder, "build", spy)
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder, cost=FLAT)
+    res = dec.generate(PROMPTS[0], cfg)
+    assert res.output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
+    assert seen[:2] == [None, None] and all(x is not None for x in seen[2:])
+    expected = sum(s.accepted_length for s in res.steps[:-1]) / sum(FLAT.step_cost(s.tree_size, s.draft_forwards)
+                                                                     for s in res.steps[:-1])
+    assert seen[-1] == pytest.approx(expected)
+
+
+def test_bad_objective_is_refused():
+    with pytest.raises(ArborError, match="objective must be one of"):
+        make_builder("opt-tree", budget="auto", objective="fastest")
+
+
+def test_carried_acceptance_model_keeps_its_rates_on_fewer_observations():
+    from arborspec.engine.acceptance import AcceptanceModel
+
+    model = AcceptanceModel(prior=0.0, rank_prior=0.0)
+    model.update([0.3] * 300 + [0.8] * 100, [True] * 90 + [False] * 210 + [True] * 75 + [False] * 25,
+                 [0, 1] * 150 + [0] * 100)
+    small = model.carried(40)
+    assert sum(small.examined) == pytest.approx(40) and sum(model.examined) == 400
+    for q, rank in ((0.3, 0), (0.3, 1), (0.8, 0)):
+        assert small.rate(q, rank) == pytest.approx(model.rate(q, rank))
+    assert model.carried(1000).examined == model.examined  # fewer than the cap: kept whole
+
+
+def test_long_run_rate_carried_keeps_the_rate():
+    from arborspec.engine.long_run import LongRunRate
+
+    rate = LongRunRate(30.0, 20.0, 16)
+    small = rate.carried(8)
+    assert (small.tokens, small.cost, small.steps) == (15.0, 10.0, 8) and small.rate == rate.rate
+
+
+def test_decoder_carries_what_it_learnt_to_its_next_generation(tiny_pair):
+    target, _ = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=40)
+    ngram = NgramDrafter(target.config.vocab_size)
+
+    def first_tree(result):  # the first step that verified draft nodes
+        return next(s for s in result.steps if s.tree_size > 0)
+
+    dec = SpeculativeDecoder(ModelAdapter(target), ngram, make_builder("dyspec", budget=8))
+    first = dec.generate(PROMPTS[1], cfg)
+    ended = dec.acceptance
+    second = dec.generate(PROMPTS[1], cfg)
+    assert second.output_ids == first.output_ids  # greedy: the same tokens whatever the trees
+    assert sum(dec.acceptance.examined) == pytest.approx(
+        min(sum(ended.examined), 128.0) + sum(len(s.examined_accepted) for s in second.steps))
+    # the first generation starts at face value; the second from what the first one learnt
+    assert first_tree(first).calibrated_length == pytest.approx(first_tree(first).estimated_length)
+    assert first_tree(second).calibrated_length != pytest.approx(first_tree(second).estimated_length)
+    fresh = SpeculativeDecoder(ModelAdapter(target), ngram, make_builder("dyspec", budget=8), carry=False)
+    fresh.generate(PROMPTS[1], cfg)
+    again = fresh.generate(PROMPTS[1], cfg)
+    assert first_tree(again).calibrated_length == pytest.approx(first_tree(again).estimated_length)
+    assert sum(fresh.acceptance.examined) == sum(len(s.examined_accepted) for s in again.steps)
+    # another temperature starts afresh too
+    hot = dec.generate(PROMPTS[1], DecodeConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=0.6), seed=1))
+    assert first_tree(hot).calibrated_length == pytest.approx(first_tree(hot).estimated_length)

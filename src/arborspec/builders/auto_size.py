@@ -5,7 +5,11 @@ forward, `t(n + 1) + f * c` (the measured cost curve `engine/cost.CostCurve`: n 
 plus the root, and f draft forwards of relative cost c) and is expected to commit
 `E[A](n) = 1 + sum of the values of its n nodes` tokens (the builder's own estimate,
 bonus included). `budget=auto` keeps the n, up to the builder's `budget` (now a cap),
-that maximises the rate `E[A](n) / (t(n + 1) + f * c)` (docs/algorithms.md §7).
+that maximises `E[A](n) - lam x (t(n + 1) + f * c)`, lam being the generation's tokens per
+unit of cost so far (engine/long_run.py): the sizes that maximise the whole generation's
+throughput, not each step's own rate (`objective=long-run`, the default; `objective=step`,
+and the first steps of a generation, maximise the step's rate `E[A](n) / (t(n + 1) + f * c)`;
+docs/algorithms.md §7).
 
 Which n nodes: the best-ranked ones, in an order in which every node comes after its
 parent and after its earlier siblings, so every prefix is a tree the builder's verifier
@@ -26,11 +30,52 @@ lossless as the builder (greedy identity and distribution tests cover it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..engine.acceptance import AcceptanceModel
 from ..engine.cost import CostCurve
 from ..engine.tree import TokenTree
 from ..errors import ArborError
 from .base import rank_nodes
+
+
+OBJECTIVES = ("long-run", "step")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What `budget=auto` maximises over the sizes n of one step (docs/algorithms.md §7).
+
+    `long_run` None: the step's own rate `E[A](n) / cost(n)`. A number lam (the generation's tokens per unit of
+    modelled cost so far, engine/long_run.py): `E[A](n) - lam x cost(n)`, the rule that maximises the
+    generation's throughput (the two agree when lam is the step's own best rate)."""
+
+    cost: CostCurve
+    long_run: float | None = None
+
+    def score(self, expected: float, size: int, draft_forwards: int) -> float:
+        step = self.cost.step_cost(size, draft_forwards)
+        return expected / step if self.long_run is None else expected - self.long_run * step
+
+    def exchange(self, best_score: float) -> float:
+        """Tokens a unit of cost must buy to be worth paying: the step's best rate, or lam."""
+        return best_score if self.long_run is None else self.long_run
+
+
+def as_objective(objective: Objective | CostCurve) -> Objective:
+    """A bare cost curve means the step's own rate."""
+    return objective if isinstance(objective, Objective) else Objective(objective)
+
+
+def objective_for(name: str, cost: CostCurve, long_run: float | None) -> Objective:
+    """The objective a builder's `objective` parameter names ("long-run": lam = `long_run` once the
+    generation has one, else the step's own rate; "step": always the step's own rate)."""
+    return Objective(cost, long_run if name == "long-run" else None)
+
+
+def check_objective(name: str) -> None:
+    if name not in OBJECTIVES:
+        raise ArborError(f"objective must be one of {', '.join(OBJECTIVES)}, got {name!r}")
 
 
 def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
@@ -41,29 +86,32 @@ def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
     return cost
 
 
-def best_prefix(gains: list[float], cost: CostCurve, draft_forwards: int) -> tuple[int, float]:
-    """The n in 0..len(gains) maximising `(1 + sum(gains[:n])) / cost.step_cost(n, draft_forwards)`
-    (`gains` in ranking order; the smallest such n on ties), and that rate."""
-    best_n, best_rate, expected = 0, 1.0 / cost.step_cost(0, draft_forwards), 1.0
+def best_prefix(gains: list[float], objective: Objective | CostCurve, draft_forwards: int) -> tuple[int, float]:
+    """The n in 0..len(gains) maximising the objective's score of `E[A] = 1 + sum(gains[:n])` (by default
+    `E[A] / cost.step_cost(n, draft_forwards)`; `gains` in ranking order; the smallest such n on ties), and
+    that score."""
+    objective = as_objective(objective)
+    best_n, best, expected = 0, objective.score(1.0, 0, draft_forwards), 1.0
     for n, gain in enumerate(gains, start=1):
         expected += gain
-        rate = expected / cost.step_cost(n, draft_forwards)
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n, best_rate
+        score = objective.score(expected, n, draft_forwards)
+        if score > best:
+            best_n, best = n, score
+    return best_n, best
 
 
-def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
+def best_size(gains: list[float], objective: Objective | CostCurve, draft_forwards: int) -> int:
     """The n of `best_prefix`."""
-    return best_prefix(gains, cost, draft_forwards)[0]
+    return best_prefix(gains, objective, draft_forwards)[0]
 
 
-def cannot_improve(expected: float, size: int, bound: float, cap: int, cost: CostCurve, draft_forwards: int,
-                   best_rate: float) -> bool:
-    """True when no tree grown further (sizes size+1 .. cap) can beat `best_rate`, given that every node
+def cannot_improve(expected: float, size: int, bound: float, cap: int, objective: Objective | CostCurve,
+                   draft_forwards: int, best: float) -> bool:
+    """True when no tree grown further (sizes size+1 .. cap) can beat the score `best`, given that every node
     still to come is worth at most `bound` and at least `draft_forwards` draft forwards are paid."""
+    objective = as_objective(objective)
     for m in range(size + 1, cap + 1):
-        if (expected + (m - size) * bound) / cost.step_cost(m, draft_forwards) > best_rate:
+        if objective.score(expected + (m - size) * bound, m, draft_forwards) > best:
             return False
     return True
 
@@ -93,45 +141,48 @@ def calibrated_values(tree: TokenTree, acceptance: AcceptanceModel | None) -> li
     return acceptance.node_values(tree) if acceptance is not None else tree.values
 
 
-def layer_to_draft(tree: TokenTree, layer: list[int], cost: CostCurve, draft_forwards: int,
+def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | CostCurve, draft_forwards: int,
                    acceptance: AcceptanceModel | None, cap: int) -> list[int]:
     """For a builder that grows layer by layer (OPT-Tree): the nodes of `layer` whose children could still
-    raise the best rate of the tree so far (its best prefix of at most `cap` nodes, calibrated values) after
+    raise the best score of the tree so far (its best prefix of at most `cap` nodes, calibrated values) after
     paying one more draft forward; empty: stop growing.
 
     A node is dropped when it is worth less than the cheapest average price of a node beyond the best prefix
-    (`rate x (step cost(m) - step cost(n)) / (m - n)`, minimised over m): its children, worth less still, can
-    never pay for their rows. Then the layer as a whole: at most one child of a node is accepted, so the
-    children are worth at most their parent each and at most the layer's total value together; the best tree
-    of m nodes holds some j children and the m - j best nodes already there (a full tree gains by swapping
-    its weakest); if no m beats the rate, the layer is not worth its forward."""
+    (`exchange x (step cost(m) - step cost(n)) / (m - n)`, minimised over m; the exchange is the best rate,
+    or lam for the long-run objective): its children, worth less still, can never pay for their rows. Then
+    the layer as a whole: at most one child of a node is accepted, so the children are worth at most their
+    parent each and at most the layer's total value together; the best tree of m nodes holds some j children
+    and the m - j best nodes already there (a full tree gains by swapping its weakest); if no m beats the
+    score, the layer is not worth its forward."""
+    objective = as_objective(objective)
+    cost = objective.cost
     values = calibrated_values(tree, acceptance)
     gains = [values[i] for i in ranking(tree)[:cap]]
-    n, rate = best_prefix(gains, cost, draft_forwards + 1)
+    n, score = best_prefix(gains, objective, draft_forwards + 1)
     base = cost.step_cost(n, draft_forwards + 1)
     price = min(((cost.step_cost(m, draft_forwards + 1) - base) / (m - n) for m in range(n + 1, cap + 1)),
                 default=0.0)
-    layer = [i for i in layer if values[i] >= rate * price]
+    layer = [i for i in layer if values[i] >= objective.exchange(score) * price]
     top = max((values[i] for i in layer), default=0.0)
     total = sum(values[i] for i in layer)
     prefix = [0.0]
     for gain in gains:
         prefix.append(prefix[-1] + gain)
-    rate = best_prefix(gains, cost, draft_forwards)[1]
+    best = best_prefix(gains, objective, draft_forwards)[1]
     for m in range(1, cap + 1):
         expected = 1.0 + max(prefix[min(m - j, len(gains))] + min(total, j * top) for j in range(m + 1))
-        if expected / cost.step_cost(m, draft_forwards + 1) > rate:
+        if objective.score(expected, m, draft_forwards + 1) > best:
             return layer
     return []
 
 
-def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,
+def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwards: int,
                  acceptance: AcceptanceModel | None = None) -> TokenTree:
-    """The best-rate prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
+    """The best-scoring prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
     calibrated values when one is given (engine/acceptance.py), else the builder's own."""
     order = ranking(tree)
     values = calibrated_values(tree, acceptance)
-    n = best_size([values[i] for i in order], cost, draft_forwards)
+    n = best_size([values[i] for i in order], objective, draft_forwards)
     if n == len(order):
         return tree
     return tree.subtree(order[:n])
@@ -139,7 +190,7 @@ def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,
 
 class GrowthStop:
     """When a tree grown node by node in ranking order (DySpec's heap) can stop: no larger tree can
-    beat the best rate so far (`cannot_improve`).
+    beat the best prefix grown so far (`cannot_improve`), both priced with the draft forwards paid now.
 
     Nodes are valued as `auto_subtree` will value them, by the acceptance model when there is one:
     a node's calibrated value is its parent's times `rate(q)`. The nodes still to come are bounded by
@@ -148,30 +199,39 @@ class GrowthStop:
     calibrated value stops paying, instead of growing to the cap and drafting nodes the cut discards.
     """
 
-    def __init__(self, cost: CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
-        self.cost, self.acceptance, self.cap = cost, acceptance, cap
+    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
+        self.objective, self.acceptance, self.cap = as_objective(objective), acceptance, cap
         self.values = [1.0]  # calibrated value per node, the root's 1 first
-        self.expected, self.own_sum = 1.0, 0.0
-        self.rate = 0.0
+        self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
+        self.own_sum = 0.0
 
-    def add(self, tree: TokenTree, node: int, draft_forwards: int) -> None:
+    @property
+    def expected(self) -> float:
+        return self.prefix[-1]
+
+    def add(self, tree: TokenTree, node: int) -> None:
         """Record `node` (the newest in `tree`)."""
         q, parent = tree.draft_probs[node], tree.parents[node]
         rank = len(tree.children[parent]) - 1  # `node` is its parent's newest child
         rate = self.acceptance.rate(q, rank) if self.acceptance is not None else q
         self.values.append(self.values[parent] * rate)
-        self.expected += self.values[-1]
+        self.prefix.append(self.prefix[-1] + self.values[-1])
         self.own_sum += tree.values[node]
-        self.rate = max(self.rate, 1.0 / self.cost.step_cost(0, draft_forwards),
-                        self.expected / self.cost.step_cost(tree.size, draft_forwards))
 
-    def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int) -> bool:
-        """True when growing past `tree.size` nodes cannot raise the rate."""
+    def best(self, draft_forwards: int) -> float:
+        """The best score of a prefix grown so far, with `draft_forwards` draft forwards paid."""
+        return max(self.objective.score(e, k, draft_forwards) for k, e in enumerate(self.prefix))
+
+    def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int, paid: int | None = None) -> bool:
+        """True when growing past `tree.size` nodes, paying `draft_forwards` forwards, cannot beat the best
+        prefix so far with `paid` forwards (default: the same)."""
         scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 else 1.0
-        return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.cost,
-                              draft_forwards, self.rate)
+        best = self.best(draft_forwards if paid is None else paid)
+        return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.objective,
+                              draft_forwards, best)
 
-    def can_pay(self, tree: TokenTree, slot_value: float, draft_forwards: int) -> bool:
-        """Whether nodes worth `slot_value` (the builder's own) could still raise the rate: what a slot
-        must be worth to have its distribution drafted ahead of time."""
-        return not self.done(tree, slot_value, draft_forwards)
+    def can_pay(self, tree: TokenTree, slot_value: float, draft_forwards: int, paid: int | None = None) -> bool:
+        """Whether nodes worth `slot_value` (the builder's own), with `draft_forwards` forwards paid, could
+        still beat the best prefix so far with `paid` forwards: what a slot must be worth to have its
+        distribution drafted."""
+        return not self.done(tree, slot_value, draft_forwards, paid)

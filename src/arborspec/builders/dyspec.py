@@ -32,10 +32,11 @@ that samples (chain, Sequoia), so all of them estimate values the same way
 Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
 and `topk` (draws per node; None: as many as the budget allows). With
 `auto=true` (`budget=auto`) the budget is a cap and each tree is cut to the size
-with the best expected tokens per unit of step time (builders/auto_size.py); the
-greedy variant also stops growing once no larger tree can win, and pays a draft
-forward for a node's children only if children worth that node's value could
-still raise the rate after paying it (docs/algorithms.md §7).
+that best trades expected tokens against step time (`objective`: the generation's
+throughput, or the step's own rate; builders/auto_size.py); the greedy variant also
+stops growing once no larger tree can win, and pays a draft forward for a node's
+children only if children worth that node's value could still win after paying it
+(docs/algorithms.md §7).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
-from .auto_size import GrowthStop, auto_subtree, require_cost
+from .auto_size import GrowthStop, Objective, auto_subtree, check_objective, objective_for, require_cost
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -69,13 +70,19 @@ class _DySpecSize:
     max_depth: int | None
     topk: int | None
     auto: bool
+    objective: str
+
+    def _objective(self, ctx: DraftContext) -> Objective:
+        """budget=auto: what the size maximises (builders/auto_size.py)."""
+        return objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run)
 
     def _auto_prune(self, ctx: DraftContext, tree: TokenTree) -> TokenTree:
-        """budget=auto: keep the best-rate prefix of the tree (builders/auto_size.py)."""
-        return auto_subtree(tree, require_cost(self.name, ctx.cost), ctx.drafter.forwards, ctx.acceptance)
+        """budget=auto: keep the best-scoring prefix of the tree (builders/auto_size.py)."""
+        return auto_subtree(tree, self._objective(ctx), ctx.drafter.forwards, ctx.acceptance)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
+        check_objective(self.objective)
 
     def draws_per_node(self, room: int) -> int:
         """How many children a node may get when `room` nodes are left."""
@@ -88,6 +95,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
     budget: int = 32  # with auto: the largest tree considered
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
     auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
+    objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
@@ -100,12 +108,13 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         draws: dict[int, DrawSequence] = {}
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
-        stop = GrowthStop(require_cost(self.name, ctx.cost), ctx.acceptance, self.budget) if self.auto else None
+        stop = GrowthStop(self._objective(ctx), ctx.acceptance, self.budget) if self.auto else None
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
+                forwards = ctx.drafter.forwards
                 if (stop is not None and not ctx.has_probs(tree, slot.parent)
-                        and not stop.can_pay(tree, -slot.neg_value, ctx.drafter.forwards + 1)):
+                        and not stop.can_pay(tree, -slot.neg_value, forwards + 1, paid=forwards)):
                     continue  # budget=auto: the node stays a leaf, its children could not repay the forward
                 self._forward(ctx, tree, heap, slot.parent, draws, stop)
                 draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
@@ -117,9 +126,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
             if tree.depths[node] < self.depth_limit:  # first child of the new node
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
             if stop is not None:
-                # stop growing once no larger tree can beat the best rate so far: every node still
+                # stop growing once no larger tree can beat the best prefix so far: every node still
                 # to come is worth at most the best slot left (slot values only fall), calibrated
-                stop.add(tree, node, ctx.drafter.forwards)
+                stop.add(tree, node)
                 if heap and stop.done(tree, -heap[0].neg_value, ctx.drafter.forwards):
                     break
         return self._auto_prune(ctx, tree) if self.auto else tree
@@ -138,8 +147,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         if self.prefetch:
             room = self.budget - tree.size - 1
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
-            if stop is not None:
-                slots = [s for s in slots if stop.can_pay(tree, -s.neg_value, ctx.drafter.forwards)]
+            if stop is not None:  # this forward is paid either way: price both sides with it
+                forwards = ctx.drafter.forwards + 1
+                slots = [s for s in slots if stop.can_pay(tree, -s.neg_value, forwards, paid=forwards)]
             nodes += [s.parent for s in slots]
         ctx.probs(tree, nodes)
 
@@ -149,7 +159,8 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
 class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
     budget: int = 64  # node cap
     threshold: float = 0.03  # given a budget and no threshold: 1 / budget
-    auto: bool = False  # budget=auto: prune each tree to its best-rate prefix (builders/auto_size.py)
+    auto: bool = False  # budget=auto: prune each tree to its best-scoring prefix (builders/auto_size.py)
+    objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
     name = "dyspec-threshold"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 2)"

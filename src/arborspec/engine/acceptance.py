@@ -16,6 +16,11 @@ the target's residual distribution, which has no mass where the draft over-weigh
 draft probability 0.3 is accepted less often than a 1st child of 0.3. A node's calibrated value is
 the product of the map along its path; a tree's calibrated E[accepted length] is 1 + their sum.
 
+Starting each generation at face value costs its first steps most of their accuracy (with the n-gram draft at
+T = 0.6 the calibrated estimate of the first 10 steps was 2.4x the accepted length, of steps 30 and later within
+2 %; benchmarks/estimate-ngram). So a decoder hands the model it ended a generation with, scaled down to `CARRY`
+observations (`carried`), to its next generation at the same sampling settings (engine/decode.py).
+
 `budget=auto` sizes trees with the calibrated values (builders/auto_size.py), the step statistics record
 the calibrated estimate next to the builder's own, and the report plots both against the actual lengths.
 It never changes which nodes a builder proposes or how they are verified, so it cannot change the output.
@@ -27,6 +32,7 @@ import bisect
 
 from .tree import TokenTree
 
+CARRY = 128.0  # observations a decoder's next generation inherits at most (`AcceptanceModel.carried`)
 EDGES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9)  # bucket upper edges; the last bucket ends at 1
 RANKS = 3  # sibling ranks told apart: 1st, 2nd, 3rd and later
 
@@ -64,6 +70,18 @@ class AcceptanceModel:
             self.accepted[b] += bool(ok)
             self.examined_by_rank[b][r] += 1
             self.accepted_by_rank[b][r] += bool(ok)
+
+    def carried(self, cap: float = CARRY) -> "AcceptanceModel":
+        """A new model that starts where this one ended: the same rates, from counts scaled down to at most
+        `cap` observations in all, so that the next generation's own outcomes soon outweigh them."""
+        total = sum(self.examined)
+        scale = min(1.0, cap / total) if total else 1.0
+        out = AcceptanceModel(self.prior, self.rank_prior)
+        out.examined = [n * scale for n in self.examined]
+        out.accepted = [n * scale for n in self.accepted]
+        out.examined_by_rank = [[n * scale for n in row] for row in self.examined_by_rank]
+        out.accepted_by_rank = [[n * scale for n in row] for row in self.accepted_by_rank]
+        return out
 
     def node_values(self, tree: TokenTree) -> list[float]:
         """Calibrated probability that each node is accepted (root: 1): the product of `rate` along its path."""

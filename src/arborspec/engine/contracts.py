@@ -87,10 +87,12 @@ class DraftContext:
     """
 
     def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor,
-                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None):
+                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None,
+                 long_run: float | None = None):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
         self.cost = cost  # the measured step cost curve, for builders that size trees by it (budget=auto)
         self.acceptance = acceptance  # the generation's online acceptance model (engine/acceptance.py), if any
+        self.long_run = long_run  # the generation's tokens per unit of modelled cost so far (engine/long_run.py)
         self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
         self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
         self.vocab_size = root_logits.shape[-1]

@@ -27,6 +27,7 @@ from .adapter import ModelAdapter
 from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
+from .long_run import LongRunRate
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationInterrupted, GenerationResult, StepStats
@@ -87,17 +88,25 @@ class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False, cost: CostCurve | None = None) -> None:
+                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
         on first use (once per process, `engine/cost.cost_curve_for`), and the step's overhead outside the
         timed forwards measured from this decoder's first generation of at least `MIN_OVERHEAD_STEPS`
-        steps (`CostCurve.with_overhead_of`; docs/algorithms.md §7)."""
+        steps (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
+
+        `carry`: each generation starts from the acceptance model and long-run rate its predecessor at the
+        same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
+        instead of from face value. Only `budget=auto` builders read them, to size trees: the output
+        distribution never changes, but above temperature 0 which sample a seed gives then depends on
+        the decoder's earlier generations; False makes every generation reproducible from its seed alone."""
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
         self.learn_overhead = cost is None  # a measured curve learns the step's overhead from the first generation
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
+        self.carry = carry
+        self.learnt: dict[SamplingConfig, tuple[AcceptanceModel, LongRunRate]] = {}  # per sampling settings
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
         verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
@@ -110,7 +119,9 @@ class SpeculativeDecoder:
 
         if self.builder.needs_cost:
             self.cost = self.cost or cost_curve_for(self.target, self.drafter)
-        self.acceptance = AcceptanceModel()  # learnt afresh for every generation (deterministic per prompt)
+        previous = self.learnt.get(cfg.sampling) if self.carry else None
+        self.acceptance = previous[0].carried() if previous else AcceptanceModel()
+        self.long_run = previous[1].carried() if previous else LongRunRate()
         self.target.reset()
         self.drafter.reset()
         features = self.drafter.uses_target_features
@@ -131,6 +142,7 @@ class SpeculativeDecoder:
                 trim.advance(steps[-1].accepted_length)
         except KeyboardInterrupt:
             raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
+        self.learnt[cfg.sampling] = (self.acceptance, self.long_run)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
             self.cost = self.cost.with_overhead_of(steps)  # then fixed: later generations size trees alike
             self.learn_overhead = False
@@ -149,7 +161,7 @@ class SpeculativeDecoder:
         """One speculative step (module docstring): extends `committed`, `out` and `steps`; returns the stop reason."""
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
-        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance)
+        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance, self.long_run.rate)
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
@@ -174,6 +186,8 @@ class SpeculativeDecoder:
         calibrated = self.acceptance.expected_length(tree)
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
+        if self.cost is not None:
+            self.long_run.observe(len(new), self.cost.step_cost(tree.size, self.drafter.forwards))
         steps.append(StepStats(
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
             estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
