@@ -124,3 +124,26 @@ def test_caches_equal_fresh_run_after_many_steps(tiny_pair):
         fresh_d.prefill(torch.tensor(committed[:n]))
         assert_caches_equal(dec.drafter.lm.cache, fresh_d.cache)
         assert n >= len(prompt)
+
+
+def test_compiled_decoder_keeps_plain_and_tree_decoding_exact(tiny_pair):
+    """`--compile` (ModelAdapter.compile): the same tokens as the eager model, for plain decoding and a tree
+    method (compiled once with dynamic shapes; one-row and many-row forwards both go through it)."""
+    import copy
+
+    from arborspec.builders.registry import make_builder
+    from arborspec.drafters import ModelDrafter
+    from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+
+    target, draft = tiny_pair
+    model = copy.deepcopy(target)  # the session fixture stays eager
+    cfg = DecodeConfig(max_new_tokens=12)
+    prompt = [5, 9, 13, 2, 7, 11]
+    eager = autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+    adapter = ModelAdapter(model)
+    adapter.compile()
+    adapter.compile()  # idempotent
+    assert adapter.compiled and not ModelAdapter(target).compiled
+    assert autoregressive_generate(adapter, prompt, cfg).output_ids == eager
+    dec = SpeculativeDecoder(adapter, ModelDrafter(draft), make_builder("dyspec", budget=6))
+    assert dec.generate(prompt, cfg).output_ids == eager

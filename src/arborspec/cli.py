@@ -49,6 +49,7 @@ TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir;
 DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
 DraftLogitsOpt = typer.Option("auto", "--draft-logits", help="a draft head's logits: auto (int8 on CPU), float, int8; draft side only, never changes the output")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
+CompileOpt = typer.Option(False, "--compile", help="run the target's decoder through torch.compile (a one-off compilation on the first forwards; plain decoding gets it too)")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16, bfloat16, or int8 (CPU: a batch-invariant int8 target, docs/algorithms.md §8)")
 DeviceMapOpt = typer.Option(None, "--device-map", help="place the target with accelerate, for targets larger than memory (overrides --device): auto, balanced, sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, cuda:N")
 MaxMemoryOpt = typer.Option(None, "--max-memory", help="memory per device for the device map, e.g. 0=10GiB,cpu=20GiB or cpu=2GiB; what does not fit is offloaded to disk (alone: implies --device-map auto)")
@@ -68,7 +69,7 @@ def main(ctx: typer.Context) -> None:
         generate(DEMO_PROMPT, method="dyspec", budget=None, param=[], verifier=None, max_new_tokens=64,
                  temperature=0.0, top_k=0, top_p=1.0, seed=0, target="embedded", draft=None, device="cpu",
                  dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False, draft_temperature=None,
-                 device_map=None, max_memory=None, offload_folder=None, draft_logits="auto")
+                 device_map=None, max_memory=None, offload_folder=None, draft_logits="auto", compile=False)
 
 
 class _Streamer:
@@ -127,6 +128,7 @@ def generate(
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
     reorder_dfs: bool = typer.Option(False, "--reorder-dfs", help="renumber tree nodes in DFS order before verifying"),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding and print the speedup"),
+    compile: bool = CompileOpt,
     draft_logits: str = DraftLogitsOpt,
     device_map: Optional[str] = DeviceMapOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
@@ -154,7 +156,7 @@ def generate(
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
                                budget=parse_budget(budget), reorder_dfs=reorder_dfs, device_map=device_map,
                                max_memory=max_memory, offload_folder=offload_folder, draft_logits=draft_logits,
-                               **params)
+                               compile=compile, **params)
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
@@ -317,6 +319,7 @@ def bench(
     top_p: float = typer.Option(1.0, "--top-p"),
     draft_temperature: Optional[float] = typer.Option(None, "--draft-temperature", help="draft-side temperature at temperature 0 (default: the measured best)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    compile: bool = CompileOpt,
     draft_logits: str = DraftLogitsOpt,
     device_map: Optional[str] = DeviceMapOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
@@ -332,7 +335,7 @@ def bench(
                       warmup=warmup, out_dir=out_dir, resume=resume, compare_hf_assisted=compare_hf_assisted,
                       turns=parse_turns(turns), chat=not no_chat, top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
                       threads=threads, device_map=device_map, max_memory=max_memory,
-                      offload_folder=str(offload_folder) if offload_folder else None)
+                      offload_folder=str(offload_folder) if offload_folder else None, compile=compile)
     err.print(f"results: {run_bench(cfg)}", highlight=False)
 
 

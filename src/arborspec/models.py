@@ -389,7 +389,8 @@ def head_int8_logits(draft_logits: str, device: str | torch.device, placed: bool
 
 def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | dict | None = None, max_memory: str | dict | None = None,
-              offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto") -> ModelPair:
+              offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto",
+              compile: bool = False) -> ModelPair:
     """Load the target and the drafter.
 
     `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
@@ -399,6 +400,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     target's execution device.
     `draft_logits`: how a draft head computes its logits: "auto" (int8 on CPU), "float" or "int8"
     (draft-side precision: never changes the output).
+    `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
     draft = draft or default_draft(target)
     # bad placement or precision fails before anything is loaded
@@ -410,6 +412,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     tokenizer = load_tokenizer(target)
     target_model = load_model(target, device, dtype, device_map, max_memory, offload_folder)
     adapter = ModelAdapter(target_model)
+    if compile:
+        adapter.compile()
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):

@@ -129,7 +129,8 @@ def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]
             f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`"
             + (f" ({h['draft_logits']} logits)" if h.get("draft_logits") else "") + ", "
             f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns'] or 'all'}), "
-            f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}, "
+            f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}"
+            + (" (target decoder through torch.compile)" if c.get("compile") else "") + ", "
             f"{m.get('cpu_count')} CPUs / {m.get('torch_threads')} threads, {m.get('platform', '')}; "
             + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; started {h.get('timestamp', '?')}")
     return lines

@@ -55,7 +55,7 @@ from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_res
 RESULTS_NAME = "results.jsonl"
 # Header fields that must match for `resume` to append to an existing results file
 _RESUME_KEYS = ("target", "draft", "draft_logits", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
-                "top_k", "top_p", "device_map", "max_memory")
+                "top_k", "top_p", "device_map", "max_memory", "compile")
 
 
 @dataclass(kw_only=True)
@@ -85,6 +85,7 @@ class BenchConfig:
     top_p: float = 1.0
     draft_temperature: float | None = None  # draft side at temperature 0 (None: the measured default)
     threads: int | None = None  # torch threads (None = leave torch's default)
+    compile: bool = False  # the target's decoder through torch.compile, for every method and the baselines
 
     def validate(self) -> None:
         if not self.methods:
@@ -376,7 +377,7 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     if pair is None:
         cfg.draft = cfg.draft or default_draft(cfg.target)
         pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.device_map, cfg.max_memory, cfg.offload_folder,
-                         cfg.draft_logits)
+                         cfg.draft_logits, cfg.compile)
     else:
         cfg.draft = cfg.draft or pair.draft_name
     runner = _Runner(cfg, pair, methods)

@@ -64,6 +64,22 @@ class ModelAdapter:
     def _keep_hidden(self, module, args, output) -> None:
         self.last_hidden = decoder_hidden(output)[0]
 
+    # ------------------------------------------------------------------ compilation
+    def compile(self) -> None:
+        """Run the model's decoder through `torch.compile` (dynamic shapes) from now on: the same modules and
+        weights, fewer Python operations per forward. The first forwards of each kind (one row, several rows)
+        pay the compilation; a one-off of tens of seconds to minutes on a CPU, so it is a choice (`--compile`,
+        docs/algorithms.md §7). Everything that runs the model, plain decoding and `transformers` `generate`
+        included, then runs the compiled decoder, so comparisons stay like for like."""
+        decoder = self.model.get_decoder()
+        if not getattr(decoder, "_arborspec_compiled", False):
+            decoder.forward = torch.compile(decoder.forward, dynamic=True)
+            decoder._arborspec_compiled = True
+
+    @property
+    def compiled(self) -> bool:
+        return bool(getattr(self.model.get_decoder(), "_arborspec_compiled", False))
+
     # ------------------------------------------------------------------ state
     @property
     def cache_len(self) -> int:
