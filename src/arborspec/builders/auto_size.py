@@ -177,10 +177,11 @@ def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | Cos
 
 
 def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwards: int,
-                 acceptance: AcceptanceModel | None = None) -> TokenTree:
-    """The best-scoring prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
-    calibrated values when one is given (engine/acceptance.py), else the builder's own."""
-    order = ranking(tree)
+                 acceptance: AcceptanceModel | None = None, order: list[int] | None = None) -> TokenTree:
+    """The best-scoring prefix of `tree`'s ranking (see `best_size`; `order`: another order of the non-root nodes
+    in which every prefix is a valid tree for the verifier); node gains are the acceptance model's calibrated
+    values when one is given (engine/acceptance.py), else the builder's own."""
+    order = ranking(tree) if order is None else order
     values = calibrated_values(tree, acceptance)
     n = best_size([values[i] for i in order], objective, draft_forwards)
     if n == len(order):
@@ -199,8 +200,12 @@ class GrowthStop:
     calibrated value stops paying, instead of growing to the cap and drafting nodes the cut discards.
     """
 
-    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
+    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int,
+                 bound_is_calibrated: bool = False) -> None:
+        """`bound_is_calibrated`: the bounds given to `done` / `can_pay` are calibrated values already (DySpec's
+        calibrated growth), not the builder's own values to be scaled."""
         self.objective, self.acceptance, self.cap = as_objective(objective), acceptance, cap
+        self.bound_is_calibrated = bound_is_calibrated
         self.values = [1.0]  # calibrated value per node, the root's 1 first
         self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
         self.own_sum = 0.0
@@ -225,7 +230,7 @@ class GrowthStop:
     def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int, paid: int | None = None) -> bool:
         """True when growing past `tree.size` nodes, paying `draft_forwards` forwards, cannot beat the best
         prefix so far with `paid` forwards (default: the same)."""
-        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 else 1.0
+        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 and not self.bound_is_calibrated else 1.0
         best = self.best(draft_forwards if paid is None else paid)
         return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.objective,
                               draft_forwards, best)
