@@ -528,3 +528,19 @@ def test_dyspec_auto_at_greedy_grows_best_first_by_calibrated_value(seed):
     slot_ordered = builder.build(_greedy_ctx(TableDrafter(table, vocab), None, free, seed), 0)  # the paper's order
     assert calibrated.size == slot_ordered.size == budget
     assert learnt.expected_length(calibrated) >= learnt.expected_length(slot_ordered) - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_selected_trees_rank_by_calibrated_values_in_parent_closed_prefixes(seed):
+    from arborspec.engine.acceptance import AcceptanceModel
+
+    drafter = TableDrafter(random_table(8, seed, power=2.0), 8)
+    tree = make_builder("opt-tree", budget=12).build(table_ctx(drafter, seed), 0)
+    model = AcceptanceModel()
+    model.update([0.05, 0.3, 0.6, 0.9] * 10, [True, False, True, False] * 10, [0, 1, 0, 2] * 10)
+    values = model.node_values(tree)
+    order = ranking(tree, values)
+    assert [values[i] for i in order] == sorted(values[1:], reverse=True)
+    for n in range(len(order) + 1):
+        kept = set(order[:n]) | {0}
+        assert all(tree.parents[i] in kept for i in order[:n])

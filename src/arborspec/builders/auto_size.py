@@ -15,7 +15,9 @@ Which n nodes: the best-ranked ones, in an order in which every node comes after
 parent and after its earlier siblings, so every prefix is a tree the builder's verifier
 accepts as is:
 
-* selected trees (OPT-Tree): value (path probability) descending, then depth, then index;
+* selected trees (OPT-Tree): calibrated value (else the builder's own path probability) descending, then
+  depth, then index (a calibrated value is a product of rates <= 1 along the path, so it never exceeds the
+  parent's and every prefix is parent-closed);
 * sampled trees (DySpec): the probability that the verifier *looks at* the node
   (its slot value: parent value x draft mass not drawn before it) descending, then
   index. A node keeps a prefix of its draws, as the rejection verifier requires.
@@ -128,10 +130,14 @@ def slot_values(tree: TokenTree) -> list[float]:
     return out
 
 
-def ranking(tree: TokenTree) -> list[int]:
-    """Non-root nodes in an order where every prefix is a valid tree for the tree's verifier (see module doc)."""
+def ranking(tree: TokenTree, values: list[float] | None = None) -> list[int]:
+    """Non-root nodes in an order where every prefix is a valid tree for the tree's verifier (see module doc).
+    A selected tree may be ranked by other per-node `values` (the calibrated ones), provided no node is worth more
+    than its parent: any parent-closed subset of a selected tree is a valid tree."""
     if tree.children_mode == "selected":
-        return rank_nodes(tree)
+        if values is None:
+            return rank_nodes(tree)
+        return sorted(range(1, tree.num_nodes), key=lambda i: (-values[i], tree.depths[i], i))
     slots = slot_values(tree)
     return sorted(range(1, tree.num_nodes), key=lambda i: (-slots[i], i))
 
@@ -157,7 +163,7 @@ def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | Cos
     objective = as_objective(objective)
     cost = objective.cost
     values = calibrated_values(tree, acceptance)
-    gains = [values[i] for i in ranking(tree)[:cap]]
+    gains = [values[i] for i in ranking(tree, values)[:cap]]
     n, score = best_prefix(gains, objective, draft_forwards + 1)
     base = cost.step_cost(n, draft_forwards + 1)
     price = min(((cost.step_cost(m, draft_forwards + 1) - base) / (m - n) for m in range(n + 1, cap + 1)),
@@ -181,8 +187,8 @@ def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwar
     """The best-scoring prefix of `tree`'s ranking (see `best_size`; `order`: another order of the non-root nodes
     in which every prefix is a valid tree for the verifier); node gains are the acceptance model's calibrated
     values when one is given (engine/acceptance.py), else the builder's own."""
-    order = ranking(tree) if order is None else order
     values = calibrated_values(tree, acceptance)
+    order = ranking(tree, values) if order is None else order
     n = best_size([values[i] for i in order], objective, draft_forwards)
     if n == len(order):
         return tree
