@@ -485,51 +485,6 @@ def test_decoder_carries_what_it_learnt_to_its_next_generation(tiny_pair):
     assert first_tree(hot).calibrated_length == pytest.approx(first_tree(hot).estimated_length)
 
 
-def _greedy_ctx(drafter, acceptance, cost, seed=0):
-    """The draft side at temperature 0 with the default ordered draws, an acceptance model and a cost curve."""
-    from arborspec.engine.contracts import DraftContext
-
-    cfg = sampling_config(False, 0.0, 0, 1.0, None).draft_side()
-    assert cfg.ordered_draws
-    return DraftContext(drafter, cfg, torch.Generator().manual_seed(seed), drafter.begin([0]), cost, acceptance)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_dyspec_auto_at_greedy_grows_best_first_by_calibrated_value(seed):
-    """Under greedy verification DySpec auto adds nodes by calibrated node value. At face value (no outcomes yet:
-    rate = q, monotone) its tree on a free cost curve is exactly the `budget` most valuable nodes of the whole draft
-    tree (brute force over every path); with learnt rates its calibrated E[A] beats the slot-ordered tree's."""
-    from arborspec.builders.dyspec import DySpecBuilder
-    from arborspec.engine.acceptance import AcceptanceModel
-
-    vocab, budget, depth = 6, 9, 3
-    table = random_table(vocab, seed, power=2.0)
-    free = CostCurve((1, 64), (1.0, 1.0), 0.01, 0.0)
-    builder = DySpecBuilder(budget=budget, max_depth=depth, auto=True)
-    face = AcceptanceModel()
-    tree = builder.build(_greedy_ctx(TableDrafter(table, vocab), face, free, seed), 0)
-    values = {}  # brute force: every path up to `depth` and its value (product of draft probabilities)
-
-    def walk(path, dist, value):
-        for tok in range(vocab):
-            v = value * float(dist[tok])
-            values[path + (tok,)] = v
-            if len(path) + 1 < depth:
-                walk(path + (tok,), table(path + (tok,)), v)
-
-    walk((), table(()), 1.0)
-    best = sorted(values.values(), reverse=True)[:budget]
-    got = sorted(face.node_values(tree)[1:], reverse=True)
-    assert tree.size == budget and got == pytest.approx(best)
-
-    learnt = AcceptanceModel()
-    learnt.update([0.05, 0.3, 0.6, 0.9] * 10, [False, True, True, True] * 5 + [False] * 20, [0, 1, 0, 2] * 10)
-    calibrated = builder.build(_greedy_ctx(TableDrafter(table, vocab), learnt, free, seed), 0)
-    slot_ordered = builder.build(_greedy_ctx(TableDrafter(table, vocab), None, free, seed), 0)  # the paper's order
-    assert calibrated.size == slot_ordered.size == budget
-    assert learnt.expected_length(calibrated) >= learnt.expected_length(slot_ordered) - 1e-12
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_selected_trees_rank_by_calibrated_values_in_parent_closed_prefixes(seed):
     from arborspec.engine.acceptance import AcceptanceModel

@@ -183,12 +183,11 @@ def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | Cos
 
 
 def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwards: int,
-                 acceptance: AcceptanceModel | None = None, order: list[int] | None = None) -> TokenTree:
-    """The best-scoring prefix of `tree`'s ranking (see `best_size`; `order`: another order of the non-root nodes
-    in which every prefix is a valid tree for the verifier); node gains are the acceptance model's calibrated
-    values when one is given (engine/acceptance.py), else the builder's own."""
+                 acceptance: AcceptanceModel | None = None) -> TokenTree:
+    """The best-scoring prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
+    calibrated values when one is given (engine/acceptance.py), else the builder's own."""
     values = calibrated_values(tree, acceptance)
-    order = ranking(tree, values) if order is None else order
+    order = ranking(tree, values)
     n = best_size([values[i] for i in order], objective, draft_forwards)
     if n == len(order):
         return tree
@@ -206,15 +205,12 @@ class GrowthStop:
     calibrated value stops paying, instead of growing to the cap and drafting nodes the cut discards.
     """
 
-    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int,
-                 bound_is_calibrated: bool = False) -> None:
-        """`bound_is_calibrated`: the bounds given to `done` / `can_pay` are calibrated values already (DySpec's
-        calibrated growth), not the builder's own values to be scaled."""
+    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
         self.objective, self.acceptance, self.cap = as_objective(objective), acceptance, cap
-        self.bound_is_calibrated = bound_is_calibrated
         self.values = [1.0]  # calibrated value per node, the root's 1 first
         self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
         self.own_sum = 0.0
+        self._best: dict[int, float] = {}  # best prefix score per number of draft forwards, kept up to date
 
     @property
     def expected(self) -> float:
@@ -228,15 +224,20 @@ class GrowthStop:
         self.values.append(self.values[parent] * rate)
         self.prefix.append(self.prefix[-1] + self.values[-1])
         self.own_sum += tree.values[node]
+        size = len(self.prefix) - 1
+        for forwards, best in self._best.items():
+            self._best[forwards] = max(best, self.objective.score(self.prefix[-1], size, forwards))
 
     def best(self, draft_forwards: int) -> float:
         """The best score of a prefix grown so far, with `draft_forwards` draft forwards paid."""
-        return max(self.objective.score(e, k, draft_forwards) for k, e in enumerate(self.prefix))
+        if draft_forwards not in self._best:
+            self._best[draft_forwards] = max(self.objective.score(e, k, draft_forwards) for k, e in enumerate(self.prefix))
+        return self._best[draft_forwards]
 
     def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int, paid: int | None = None) -> bool:
         """True when growing past `tree.size` nodes, paying `draft_forwards` forwards, cannot beat the best
         prefix so far with `paid` forwards (default: the same)."""
-        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 and not self.bound_is_calibrated else 1.0
+        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 else 1.0
         best = self.best(draft_forwards if paid is None else paid)
         return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.objective,
                               draft_forwards, best)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
@@ -61,7 +61,6 @@ class Slot:
     seq: int  # insertion counter: deterministic tie-breaking
     parent: int
     k: int
-    exact: bool = field(default=True, compare=False)  # False: the value is an upper bound (calibrated growth)
 
 
 class _DySpecSize:
@@ -105,8 +104,6 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         self._check_size()
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        if self.auto and ctx.acceptance is not None and ctx.cfg.ordered_draws:
-            return self._build_calibrated(ctx, root_token)
         tree = TokenTree.from_root(root_token, self.children_mode)
         draws: dict[int, DrawSequence] = {}
         counter = itertools.count()
@@ -135,55 +132,6 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 if heap and stop.done(tree, -heap[0].neg_value, ctx.drafter.forwards):
                     break
         return self._auto_prune(ctx, tree) if self.auto else tree
-
-    def _build_calibrated(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        """`budget=auto` under greedy verification with ordered draws (temperature 0, the default draft side):
-        best-first by *calibrated node value* (docs/algorithms.md §7).
-
-        Greedy verification checks every child of an accepted node against the target's argmax, so a node is worth
-        the probability that it is accepted, `cal(parent) x rate(q, rank)` (engine/acceptance.py), whatever its
-        siblings; the slot values of the sampled-tree rule (the probability that draw k is examined) rank a root's
-        8th draw far above its first child's first child, which is the wrong way round for a draft whose top token
-        is accepted often. A node's first-child slot is keyed by the node's own calibrated value (an upper bound:
-        its children are worth at most that) until its draws are known, then re-queued with its exact value, so
-        nodes are added in best-first order of their exact values (up to rates that are not monotone in rank).
-        Any parent-closed subset is a valid tree for the greedy verifier; the cut keeps the best-scoring prefix of
-        the growth order."""
-        acceptance = ctx.acceptance
-        tree = TokenTree.from_root(root_token, self.children_mode)
-        cal = [1.0]  # calibrated value per node
-        draws: dict[int, DrawSequence] = {}
-        counter = itertools.count()
-        heap = [Slot(-1.0, next(counter), 0, 0, exact=False)]
-        objective = self._objective(ctx)
-        stop = GrowthStop(objective, acceptance, self.budget, bound_is_calibrated=True)
-        while heap and tree.size < self.budget:
-            slot = heapq.heappop(heap)
-            if not slot.exact:  # a first-child slot: draft the node's distribution, then queue its exact value
-                if slot.parent not in draws:
-                    forwards = ctx.drafter.forwards
-                    if not ctx.has_probs(tree, slot.parent) and not stop.can_pay(tree, -slot.neg_value, forwards + 1,
-                                                                                  paid=forwards):
-                        continue  # the node stays a leaf: its children could not repay the forward
-                    self._forward(ctx, tree, heap, slot.parent, draws, stop)
-                    draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
-                seq = draws[slot.parent]
-                if len(seq):
-                    value = cal[slot.parent] * acceptance.rate(seq.probs[0], 0)
-                    heapq.heappush(heap, Slot(-value, next(counter), slot.parent, 0))
-                continue
-            seq = draws[slot.parent]
-            node = add_draw(tree, seq, slot.parent, slot.k)
-            cal.append(-slot.neg_value)
-            if slot.k + 1 < len(seq):
-                value = cal[slot.parent] * acceptance.rate(seq.probs[slot.k + 1], slot.k + 1)
-                heapq.heappush(heap, Slot(-value, next(counter), slot.parent, slot.k + 1))
-            if tree.depths[node] < self.depth_limit:
-                heapq.heappush(heap, Slot(-cal[node], next(counter), node, 0, exact=False))
-            stop.add(tree, node)
-            if heap and stop.done(tree, -heap[0].neg_value, ctx.drafter.forwards):
-                break
-        return auto_subtree(tree, objective, ctx.drafter.forwards, acceptance, order=list(range(1, tree.num_nodes)))
 
     def _forward(self, ctx: DraftContext, tree: TokenTree, heap: list[Slot], node: int,
                  draws: dict[int, DrawSequence], stop: GrowthStop | None = None) -> None:
