@@ -174,3 +174,16 @@ def test_embedded_int8_greedy_identity(embedded):
     ids = torch.tensor([plain.prompt_ids])
     hf = target.generate(ids, do_sample=False, max_new_tokens=40, attention_mask=torch.ones_like(ids))
     assert hf[0, ids.shape[1]:].tolist()[: len(plain.output_ids)] == plain.output_ids
+
+
+def test_compiled_int8_target_keeps_greedy_identity(int8_pair):
+    """`--compile` on the int8 target: the compiled decoder gives the eager int8 model's tokens, plain and tree."""
+    target, draft = int8_pair
+    model = copy.deepcopy(target)
+    cfg = DecodeConfig(max_new_tokens=12)
+    eager = autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
+    adapter = ModelAdapter(model)
+    adapter.compile()
+    assert autoregressive_generate(adapter, PROMPTS[0], cfg).output_ids == eager
+    dec = SpeculativeDecoder(adapter, ModelDrafter(draft), make_builder("dyspec", budget=6))
+    assert dec.generate(PROMPTS[0], cfg).output_ids == eager
