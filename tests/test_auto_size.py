@@ -185,16 +185,21 @@ def test_auto_greedy_matches_plain_decoding(tiny_pair, name, drafter_kind, curve
     assert max(sizes) <= dec.builder.budget
 
 
-def test_auto_measures_the_cost_curve_once(tiny_pair):
+def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair):
     target, draft = tiny_pair
     dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"))
     cfg = DecodeConfig(max_new_tokens=8)
-    assert dec.generate(PROMPTS[0], cfg).output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
+    first = dec.generate(PROMPTS[0], cfg)
+    assert first.output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[0], cfg).output_ids
+    assert first.config["step_overhead"] == 0.0  # sized before anything was learnt
     curve = dec.cost
     assert curve is not None and curve.relative[0] == 1.0 and curve.one_token_s > 0 and curve.draft_cost > 0
-    assert curve.step_overhead >= 0 and not dec.learn_overhead  # learnt from the first generation, then fixed
-    dec.generate(PROMPTS[1], cfg)
-    assert dec.cost is curve
+    assert curve.step_overhead == pytest.approx(curve.with_overhead_of(first.steps).step_overhead)
+    second = dec.generate(PROMPTS[1], cfg)
+    assert second.config["step_overhead"] == round(curve.step_overhead, 4)  # sized with what the first taught
+    # the measured curve itself is kept; only the overhead is learnt again, from the latest generation
+    assert (dec.cost.tokens, dec.cost.relative, dec.cost.one_token_s) == (curve.tokens, curve.relative, curve.one_token_s)
+    assert dec.cost.step_overhead == pytest.approx(curve.with_overhead_of(second.steps).step_overhead)
 
 
 def test_step_overhead_is_the_median_gap_between_steps_and_the_curve():

@@ -177,12 +177,12 @@ def test_report_json_prints_and_writes_the_same_result(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == res
 
 
-def test_step_overheads_are_read_per_method_first_seen():
+def test_step_overheads_are_read_per_method_in_run_order():
     runs = [{"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.25}},
             {"method": "dyspec:budget=auto", "config": {"builder": "dyspec", "step_overhead": 0.3}},
             {"method": "dyspec:budget=8", "config": {"builder": "dyspec"}},
             {"method": "autoregressive", "config": {"builder": "autoregressive"}}]
-    assert step_overheads(runs) == {"dyspec:budget=auto": 0.25}
+    assert step_overheads(runs) == {"dyspec:budget=auto": [0.25, 0.3]}
 
 
 def test_report_errors(tmp_path):

@@ -17,6 +17,7 @@ more plot: speedup per category. This module also owns reading the results forma
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -339,13 +340,14 @@ def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
     _save(plt, fig, path, outside_legend=True)
 
 
-def step_overheads(runs: list[dict]) -> dict[str, float]:
-    """Per method label, the step overhead its recorded runs used (the first seen; fixed after the warm-up)."""
-    out: dict[str, float] = {}
+def step_overheads(runs: list[dict]) -> dict[str, list[float]]:
+    """Per method label, the step overheads its recorded runs were sized with, in run order (each learnt from
+    the decoder's previous generation)."""
+    out: dict[str, list[float]] = {}
     for r in runs:
         value = (r.get("config") or {}).get("step_overhead")
         if value is not None:
-            out.setdefault(r["method"], float(value))
+            out.setdefault(r["method"], []).append(float(value))
     return out
 
 
@@ -392,9 +394,11 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
             lines.append(f"* `{p}`: t(1) = {1000 * c['one_token_s']:.1f} ms; {pts}; draft {c['draft_cost']:.3f}")
         learnt = step_overheads(runs)
         if learnt:
-            lines += ["", "Step overhead learnt by each `budget=auto` method from its first generation (time per step "
-                      "outside the timed forwards / t(1); docs/algorithms.md §7): "
-                      + ", ".join(f"`{m}` {o:.3f}" for m, o in learnt.items()) + "."]
+            lines += ["", "Step overhead each `budget=auto` method sized its trees with, learnt from its decoder's "
+                      "previous generation (time per step outside the timed forwards / t(1); median and range over "
+                      "its recorded runs; docs/algorithms.md §7): "
+                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
+                                  for m, o in learnt.items()) + "."]
         lines.append("")
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]

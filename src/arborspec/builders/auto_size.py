@@ -32,7 +32,7 @@ lossless as the builder (greedy identity and distribution tests cover it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..engine.acceptance import AcceptanceModel
 from ..engine.cost import CostCurve
@@ -54,10 +54,30 @@ class Objective:
 
     cost: CostCurve
     long_run: float | None = None
+    _costs: dict = field(default_factory=dict, compare=False, repr=False)  # step costs per forward count
 
     def score(self, expected: float, size: int, draft_forwards: int) -> float:
         step = self.cost.step_cost(size, draft_forwards)
         return expected / step if self.long_run is None else expected - self.long_run * step
+
+    def step_costs(self, draft_forwards: int, cap: int) -> list[float]:
+        """`cost.step_cost(m, draft_forwards)` for m = 0..cap, computed once per forward count (the growth rules
+        ask for them for every node)."""
+        costs = self._costs.get(draft_forwards)
+        if costs is None or len(costs) <= cap:
+            costs = [self.cost.step_cost(m, draft_forwards) for m in range(max(cap, 32) + 1)]
+            self._costs[draft_forwards] = costs
+        return costs
+
+    def can_beat(self, expected: float, size: int, bound: float, cap: int, draft_forwards: int, best: float) -> bool:
+        """Whether some size m in size+1 .. cap, with every node beyond `size` worth `bound`, scores above `best`."""
+        costs = self.step_costs(draft_forwards, cap)
+        lam = self.long_run
+        for m in range(size + 1, cap + 1):
+            gained = expected + (m - size) * bound
+            if (gained / costs[m] if lam is None else gained - lam * costs[m]) > best:
+                return True
+        return False
 
     def exchange(self, best_score: float) -> float:
         """Tokens a unit of cost must buy to be worth paying: the step's best rate, or lam."""
@@ -111,11 +131,7 @@ def cannot_improve(expected: float, size: int, bound: float, cap: int, objective
                    draft_forwards: int, best: float) -> bool:
     """True when no tree grown further (sizes size+1 .. cap) can beat the score `best`, given that every node
     still to come is worth at most `bound` and at least `draft_forwards` draft forwards are paid."""
-    objective = as_objective(objective)
-    for m in range(size + 1, cap + 1):
-        if objective.score(expected + (m - size) * bound, m, draft_forwards) > best:
-            return False
-    return True
+    return not as_objective(objective).can_beat(expected, size, bound, cap, draft_forwards, best)
 
 
 def slot_values(tree: TokenTree) -> list[float]:

@@ -149,7 +149,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
             if stop is not None:  # this forward is paid either way: price both sides with it
                 forwards = ctx.drafter.forwards + 1
-                slots = [s for s in slots if stop.can_pay(tree, -s.neg_value, forwards, paid=forwards)]
+                # best slot first, and a slot that cannot pay is followed by none that can
+                slots = list(itertools.takewhile(lambda s: stop.can_pay(tree, -s.neg_value, forwards, paid=forwards),
+                                                 slots))
             nodes += [s.parent for s in slots]
         ctx.probs(tree, nodes)
 

@@ -91,8 +91,8 @@ class SpeculativeDecoder:
                  reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
         on first use (once per process, `engine/cost.cost_curve_for`), and the step's overhead outside the
-        timed forwards measured from this decoder's first generation of at least `MIN_OVERHEAD_STEPS`
-        steps (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
+        timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
+        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
 
         `carry`: each generation starts from the acceptance model and long-run rate its predecessor at the
         same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
@@ -143,12 +143,14 @@ class SpeculativeDecoder:
         except KeyboardInterrupt:
             raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
         self.learnt[cfg.sampling] = (self.acceptance, self.long_run)
+        result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
-            self.cost = self.cost.with_overhead_of(steps)  # then fixed: later generations size trees alike
-            self.learn_overhead = False
-        return self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
+            # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
+            self.cost = self.cost.with_overhead_of(steps)
+        return result
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
+        """The generation's result; `step_overhead`: the overhead its trees were sized with."""
         wall = clock(self.target.device) - t_start
         return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=list(out), steps=list(steps),
                                 wall_time=wall, stop_reason=stop,
