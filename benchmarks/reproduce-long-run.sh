@@ -27,8 +27,8 @@ if run 1; then
   rm -rf $OUT/int8-head-mtbench-t0
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --compare-hf-assisted --out $OUT/int8-head-mtbench-t0 \
-    -m dyspec:budget=auto -m dyspec:budget=auto:objective=step -m dyspec:budget=8 \
-    -m opt-tree:budget=auto -m opt-tree:budget=8
+    -m dyspec:budget=auto -m dyspec:budget=auto:objective=step -m dyspec:budget=auto:prefetch_all=true \
+    -m dyspec:budget=8 -m opt-tree:budget=auto -m opt-tree:budget=8
 fi
 
 # 2. Float32, T = 0.6 (seed 0): both builders, auto against their fixed budgets.

@@ -504,3 +504,14 @@ def test_selected_trees_rank_by_calibrated_values_in_parent_closed_prefixes(seed
     for n in range(len(order) + 1):
         kept = set(order[:n]) | {0}
         assert all(tree.parents[i] in kept for i in order[:n])
+
+
+def test_prefetch_all_keeps_greedy_identity(tiny_pair):
+    """`prefetch_all` only changes which draft rows are computed ahead (and so which nodes can grow children
+    without a forward of their own): the output stays the target's greedy tokens."""
+    target, draft = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=16)
+    for prompt in PROMPTS[:2]:
+        dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft),
+                                 make_builder("dyspec", budget="auto", prefetch_all=True), cost=FLAT)
+        assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids

@@ -94,6 +94,7 @@ class _DySpecSize:
 class DySpecBuilder(_DySpecSize, TreeBuilder):
     budget: int = 32  # with auto: the largest tree considered
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
+    prefetch_all: bool = False  # with auto: prefetch every such node, as fixed budgets do, not only those that can pay
     auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
     objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
     name = "dyspec"
@@ -147,7 +148,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         if self.prefetch:
             room = self.budget - tree.size - 1
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
-            if stop is not None:  # this forward is paid either way: price both sides with it
+            if stop is not None and not self.prefetch_all:  # this forward is paid either way: price both sides with it
                 forwards = ctx.drafter.forwards + 1
                 # best slot first, and a slot that cannot pay is followed by none that can
                 slots = list(itertools.takewhile(lambda s: stop.can_pay(tree, -s.neg_value, forwards, paid=forwards),
