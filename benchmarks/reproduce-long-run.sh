@@ -5,6 +5,8 @@
 # estimated-vs-actual accepted length of every drafter; before/after; the torch.compile paths. Run from the
 # repository root after `make setup`, on an otherwise idle machine (2 cores), ~90 min. STEPS="1 2" runs some steps.
 # Step 4 needs a checkout of the session's starting commit: git worktree add --detach /work/wt-before 0e02a54
+# In the eighth session steps 0-3 ran (1 and 2 on a96cf3f, 3 on db957c9), then step 1 again on the final code
+# (the first run kept in benchmarks/before-after-8/); steps 4-6 were not run, for time.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
@@ -59,7 +61,7 @@ fi
 # 5. t(n) of every forward path with and without torch.compile (--compile), interleaved in one process, and the
 #    first (compiling) round of each.
 if run 5; then
-  $P benchmarks/cost_paths.py --compile --repeats 10 --out $OUT/cost-paths-compile.json
+  $P benchmarks/cost_paths.py --compile --repeats 5 --sizes 1,2,4,8,16 --out $OUT/cost-paths-compile.json
 fi
 
 # 6. Float32, T = 0, and the int8 target at T = 0.6 (seed 0).
