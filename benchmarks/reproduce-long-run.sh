@@ -5,8 +5,8 @@
 # estimated-vs-actual accepted length of every drafter; before/after; the torch.compile paths. Run from the
 # repository root after `make setup`, on an otherwise idle machine (2 cores), ~90 min. STEPS="1 2" runs some steps.
 # Step 4 needs a checkout of the session's starting commit: git worktree add --detach /work/wt-before 0e02a54
-# In the eighth session steps 0-3 ran (1 and 2 on a96cf3f, 3 on db957c9), then step 1 again on the final code
-# (the first run kept in benchmarks/before-after-8/); steps 4-6 were not run, for time.
+# In the eighth session steps 0-3 ran (1 and 2 on a96cf3f, 3 on db957c9; step 1 before its prefetch_all row was
+# added); steps 4-6 and a re-run of step 1 on the final code were not run, for time.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
