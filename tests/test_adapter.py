@@ -147,3 +147,17 @@ def test_compiled_decoder_keeps_plain_and_tree_decoding_exact(tiny_pair):
     assert autoregressive_generate(adapter, prompt, cfg).output_ids == eager
     dec = SpeculativeDecoder(adapter, ModelDrafter(draft), make_builder("dyspec", budget=6))
     assert dec.generate(prompt, cfg).output_ids == eager
+
+
+def test_generator_compiles_a_pair_it_was_given(tiny_pair, monkeypatch):
+    """`SpeculativeGenerator(compile=True)` compiles the target of a pair loaded elsewhere, once."""
+    from arborspec.api import SpeculativeGenerator
+    from arborspec.models import ModelPair
+
+    calls = []
+    adapter = ModelAdapter(tiny_pair[0])
+    monkeypatch.setattr(adapter, "compile", lambda: calls.append(1))
+    pair = ModelPair("t", "d", adapter, ModelDrafter(tiny_pair[1]), None)
+    SpeculativeGenerator(method="dyspec", budget=4, pair=pair, compile=True)
+    SpeculativeGenerator(method="dyspec", budget=4, pair=pair)
+    assert calls == [1]

@@ -33,6 +33,9 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert c.t(6) == pytest.approx(3.5)  # slope 0.5 per row beyond the last point
     assert c.step_cost(2, 3) == pytest.approx(2.0 + 0.3)  # 2 nodes + root = 3 rows, 3 draft forwards
     assert CostCurve.from_dict(c.as_dict()) == c
+    table = c.step_costs(3, 6)
+    assert table[:7] == tuple(c.step_cost(n, 3) for n in range(7)) and c.step_costs(3, 6) is table  # tabulated once
+    assert len(c.step_costs(0, 400)) == 401 and c.step_costs(0, 400)[400] == pytest.approx(c.step_cost(400, 0))
 
 
 def test_best_size_exact():

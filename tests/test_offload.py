@@ -253,7 +253,7 @@ def test_cli_passes_the_placement_to_the_loader(monkeypatch, tmp_path):
     result = CliRunner().invoke(app, ["generate", "hi", "--draft", "ngram", "--max-memory", "cpu=2GiB",
                                       "--device-map", "auto", "--offload-folder", str(tmp_path)])
     assert result.exit_code == 2 and "stop here" in result.output
-    assert seen["args"][4:] == ("auto", "cpu=2GiB", tmp_path, "auto", False)  # placement, --draft-logits, --compile
+    assert seen["args"][4:] == ("auto", "cpu=2GiB", tmp_path, "auto")  # placement, then --draft-logits
     result = CliRunner().invoke(app, [])  # the demo: generate's defaults spelled out, no placement
     assert result.exit_code == 2 and "stop here" in result.output
-    assert seen["args"][4:] == (None, None, None, "auto", False)
+    assert seen["args"][4:] == (None, None, None, "auto")

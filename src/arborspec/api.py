@@ -46,9 +46,8 @@ class SpeculativeGenerator:
         if budget is None and not method_params:
             budget = DEFAULT_BUDGET
         self.builder = make_builder(method, budget=budget, **method_params)
-        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits,
-                                      compile)
-        if compile and not self.pair.target.compiled:
+        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits)
+        if compile:  # also for a pair loaded elsewhere; compiling twice is a no-op
             self.pair.target.compile()
         self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder, verifier=verifier,
                                           reorder_dfs=reorder_dfs)

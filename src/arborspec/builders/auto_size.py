@@ -32,7 +32,7 @@ lossless as the builder (greedy identity and distribution tests cover it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..engine.acceptance import AcceptanceModel
 from ..engine.cost import CostCurve
@@ -54,30 +54,18 @@ class Objective:
 
     cost: CostCurve
     long_run: float | None = None
-    _costs: dict = field(default_factory=dict, compare=False, repr=False)  # step costs per forward count
+
+    def of(self, expected: float, step_cost: float) -> float:
+        """The score of a tree expected to commit `expected` tokens at `step_cost`."""
+        return expected / step_cost if self.long_run is None else expected - self.long_run * step_cost
 
     def score(self, expected: float, size: int, draft_forwards: int) -> float:
-        step = self.cost.step_cost(size, draft_forwards)
-        return expected / step if self.long_run is None else expected - self.long_run * step
-
-    def step_costs(self, draft_forwards: int, cap: int) -> list[float]:
-        """`cost.step_cost(m, draft_forwards)` for m = 0..cap, computed once per forward count (the growth rules
-        ask for them for every node)."""
-        costs = self._costs.get(draft_forwards)
-        if costs is None or len(costs) <= cap:
-            costs = [self.cost.step_cost(m, draft_forwards) for m in range(max(cap, 32) + 1)]
-            self._costs[draft_forwards] = costs
-        return costs
+        return self.of(expected, self.cost.step_cost(size, draft_forwards))
 
     def can_beat(self, expected: float, size: int, bound: float, cap: int, draft_forwards: int, best: float) -> bool:
         """Whether some size m in size+1 .. cap, with every node beyond `size` worth `bound`, scores above `best`."""
-        costs = self.step_costs(draft_forwards, cap)
-        lam = self.long_run
-        for m in range(size + 1, cap + 1):
-            gained = expected + (m - size) * bound
-            if (gained / costs[m] if lam is None else gained - lam * costs[m]) > best:
-                return True
-        return False
+        costs = self.cost.step_costs(draft_forwards, cap)
+        return any(self.of(expected + (m - size) * bound, costs[m]) > best for m in range(size + 1, cap + 1))
 
     def exchange(self, best_score: float) -> float:
         """Tokens a unit of cost must buy to be worth paying: the step's best rate, or lam."""
@@ -151,9 +139,7 @@ def ranking(tree: TokenTree, values: list[float] | None = None) -> list[int]:
     A selected tree may be ranked by other per-node `values` (the calibrated ones), provided no node is worth more
     than its parent: any parent-closed subset of a selected tree is a valid tree."""
     if tree.children_mode == "selected":
-        if values is None:
-            return rank_nodes(tree)
-        return sorted(range(1, tree.num_nodes), key=lambda i: (-values[i], tree.depths[i], i))
+        return rank_nodes(tree, values)
     slots = slot_values(tree)
     return sorted(range(1, tree.num_nodes), key=lambda i: (-slots[i], i))
 

@@ -129,9 +129,12 @@ def top_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -
     return cands
 
 
-def rank_nodes(tree: TokenTree) -> list[int]:
-    """Non-root nodes, best first: by value (= p_hat) descending, then depth, then index."""
-    return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.values[i], tree.depths[i], i))
+def rank_nodes(tree: TokenTree, values: list[float] | None = None) -> list[int]:
+    """Non-root nodes, best first: by value (default the tree's own, = p_hat; or other per-node `values`, e.g.
+    calibrated ones) descending, then depth, then index. Every prefix is parent-closed as long as no node is
+    worth more than its parent."""
+    values = tree.values if values is None else values
+    return sorted(range(1, tree.num_nodes), key=lambda i: (-values[i], tree.depths[i], i))
 
 
 # ---------------------------------------------------------------------------- parameters

@@ -67,6 +67,19 @@ class CostCurve:
         step's fixed overhead."""
         return self.t(tree_size + 1) + draft_forwards * self.draft_cost + self.step_overhead
 
+    def step_costs(self, draft_forwards: int, up_to: int) -> tuple[float, ...]:
+        """`step_cost(n, draft_forwards)` for n = 0..up_to (at least), tabulated once per forward count for this
+        curve (`budget=auto`'s growth rules ask for them for every grown node)."""
+        table = self._step_tables.get(draft_forwards)
+        if table is None or len(table) <= up_to:
+            table = tuple(self.step_cost(n, draft_forwards) for n in range(max(up_to, TABLE_ROWS - 2) + 1))
+            self._step_tables[draft_forwards] = table
+        return table
+
+    @functools.cached_property
+    def _step_tables(self) -> dict[int, tuple[float, ...]]:
+        return {}
+
     def with_overhead_of(self, steps) -> "CostCurve":
         """This curve with `step_overhead` measured from a generation's `StepStats`: the median, over its steps,
         of the step's time in units of t(1) minus what the curve predicts for its tree and draft forwards

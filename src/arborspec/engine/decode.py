@@ -102,7 +102,7 @@ class SpeculativeDecoder:
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
-        self.learn_overhead = cost is None  # a measured curve learns the step's overhead from the first generation
+        self.learn_overhead = cost is None  # a measured curve learns the step's overhead from every generation
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
         self.carry = carry
