@@ -18,7 +18,7 @@ the product of the map along its path; a tree's calibrated E[accepted length] is
 
 Starting each generation at face value costs its first steps most of their accuracy (with the n-gram draft at
 T = 0.6 the calibrated estimate of the first 10 steps was 2.4x the accepted length, of steps 30 and later within
-2 %; benchmarks/estimate-ngram). So a decoder hands the model it ended a generation with, scaled down to `CARRY`
+3 %; benchmarks/step-stats.md, written by benchmarks/step-stats.sh). So a decoder hands the model it ended a generation with, scaled down to `CARRY`
 observations (`carried`), to its next generation at the same sampling settings (engine/decode.py).
 
 `budget=auto` sizes trees with the calibrated values (builders/auto_size.py), the step statistics record

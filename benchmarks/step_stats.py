@@ -1,0 +1,105 @@
+"""Per-step statistics of a bench results file, by method x temperature, as a markdown table.
+
+    .venv/bin/python benchmarks/step_stats.py benchmarks/int8-head-mtbench-t0/results.jsonl
+    git show 0e02a54:benchmarks/estimate-ngram/results.jsonl > /tmp/r.jsonl && \\
+        .venv/bin/python benchmarks/step_stats.py /tmp/r.jsonl --label "estimate-ngram at 0e02a54"
+
+For every (method, temperature) of a results file written by `arborspec bench`, over all its runs' speculative
+steps (a step = one target forward):
+
+* `steps` and the mean accepted length (tokens committed per step, bonus included);
+* `draft fw/step`: draft forwards per step; `build ms/step`: time spent building the tree per step (the
+  `build_time` the engine records, which excludes the draft forwards' own `draft_time`); `draft ms/step`;
+* `calibrated / actual` for the generation's steps 0-9, 10-29 and 30 on: the sum of the calibrated E[accepted
+  length] (docs/algorithms.md §6) over those steps divided by the sum of the accepted lengths, in per cent
+  off (`+138 %` = estimated 2.38x what was accepted); the same for the builder's own `estimated_length`.
+
+Plain decoding rows (no tree) are left out. The numbers are read from the file, never timed here, so they
+describe the machine and load the file was written under (its header says which commit's code and when).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from arborspec.bench.report import read_results
+from arborspec.errors import ArborError
+
+BUCKETS = ((0, 10, "0-9"), (10, 30, "10-29"), (30, None, "30+"))
+
+
+def _ratio(estimated: float, actual: float) -> str:
+    return "–" if actual <= 0 else f"{100 * (estimated / actual - 1):+.0f} %"
+
+
+def step_rows(runs: list[dict]) -> list[dict]:
+    """One dict per (method, temperature) with the aggregated step statistics, in first-seen order."""
+    groups: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    for run in runs:
+        steps = run.get("steps") or {}
+        if not steps or not any(steps.get("tree_size", [])):
+            continue  # plain decoding and HF baselines: no tree
+        groups[(run["method"], run["temperature"])].append(steps)
+    rows = []
+    for (method, temperature), all_steps in groups.items():
+        n = sum(len(s["accepted_length"]) for s in all_steps)
+        total = lambda field: sum(sum(s.get(field) or [0.0]) for s in all_steps)  # noqa: E731
+        row = {"method": method, "temperature": temperature, "steps": n,
+               "accepted": total("accepted_length") / n,
+               "draft_forwards": total("draft_forwards") / n,
+               "build_ms": 1000 * total("build_time") / n,
+               "draft_ms": 1000 * total("draft_time") / n}
+        for lo, hi, name in BUCKETS:
+            acc = cal = est = 0.0
+            for s in all_steps:
+                part = slice(lo, hi)
+                acc += sum(s["accepted_length"][part])
+                cal += sum(s.get("calibrated_length", [])[part])
+                est += sum(s.get("estimated_length", [])[part])
+            row[f"calibrated {name}"] = _ratio(cal, acc) if cal > 0 else "–"
+            row[f"estimated {name}"] = _ratio(est, acc)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], label: str, header: dict) -> str:
+    cfg = header.get("config", {})
+    lines = [f"## {label}", "",
+             f"target {cfg.get('target')}, draft {cfg.get('draft')}, dtype {cfg.get('dtype')}, "
+             f"{cfg.get('num_prompts')} prompts x {cfg.get('max_new_tokens')} tokens, written {header.get('timestamp')}",
+             "",
+             "| method | T | steps | accepted | draft fw/step | build ms/step | draft ms/step | "
+             + " | ".join(f"calibrated / actual, steps {b[2]}" for b in BUCKETS) + " | "
+             + " | ".join(f"estimated / actual, steps {b[2]}" for b in BUCKETS) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * (2 * len(BUCKETS))]
+    for r in rows:
+        lines.append(f"| `{r['method']}` | {r['temperature']:g} | {r['steps']} | {r['accepted']:.2f} | "
+                     f"{r['draft_forwards']:.2f} | {r['build_ms']:.1f} | {r['draft_ms']:.1f} | "
+                     + " | ".join(r[f"calibrated {b[2]}"] for b in BUCKETS) + " | "
+                     + " | ".join(r[f"estimated {b[2]}"] for b in BUCKETS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="a results.jsonl written by `arborspec bench`")
+    parser.add_argument("--label", default=None, help="heading of the table (default: the file's path)")
+    args = parser.parse_args(argv)
+    try:
+        header, runs, _ = read_results(args.results)
+    except ArborError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = step_rows(runs)
+    if not rows:
+        print(f"error: {args.results} holds no speculative runs (only plain decoding?)", file=sys.stderr)
+        return 2
+    print(markdown(rows, args.label or str(args.results), header), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
