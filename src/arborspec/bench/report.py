@@ -340,12 +340,12 @@ def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
     _save(plt, fig, path, outside_legend=True)
 
 
-def step_overheads(runs: list[dict]) -> dict[str, list[float]]:
-    """Per method label, the step overheads its recorded runs were sized with, in run order (each learnt from
-    the decoder's previous generation)."""
+def step_overheads(runs: list[dict], field: str = "step_overhead") -> dict[str, list[float]]:
+    """Per method label, the overheads (`step_overhead`, or `draft_overhead` per draft forward) its recorded runs
+    were sized with, in run order (each learnt from the decoder's previous generation)."""
     out: dict[str, list[float]] = {}
     for r in runs:
-        value = (r.get("config") or {}).get("step_overhead")
+        value = (r.get("config") or {}).get(field)
         if value is not None:
             out.setdefault(r["method"], []).append(float(value))
     return out
@@ -399,6 +399,18 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
                       "its recorded runs; docs/algorithms.md §7): "
                       + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
                                   for m, o in learnt.items()) + "."]
+        per_forward = step_overheads(runs, "draft_overhead")
+        if per_forward:
+            lines += ["", "Per draft forward, the step time it added beyond the timed draft forward, learnt the same way "
+                      "(drawing children, bookkeeping; / t(1)): "
+                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
+                                  for m, o in per_forward.items()) + "."]
+        per_token = step_overheads(runs, "token_cost")
+        if per_token:
+            lines += ["", "Per committed token, the step time it added (the verifier's LM-head row for it, cache "
+                      "compaction, the draft catching up; / t(1)), learnt the same way: "
+                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
+                                  for m, o in per_token.items()) + "."]
         lines.append("")
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]

@@ -11,31 +11,33 @@ throughput, not each step's own rate (`objective=long-run`, the default; `object
 and the first steps of a generation, maximise the step's rate `E[A](n) / (t(n + 1) + f * c)`;
 docs/algorithms.md §7).
 
-Which n nodes: the best-ranked ones, in an order in which every node comes after its
-parent and after its earlier siblings, so every prefix is a tree the builder's verifier
-accepts as is:
+Selected trees (OPT-Tree) are grown, then cut to their best-scoring prefix in an order in which
+every prefix is a valid tree: calibrated value (else the builder's own path probability)
+descending, then depth, then index (a calibrated value is a product of rates <= 1 along the
+path, so it never exceeds the parent's and every prefix is parent-closed; `auto_subtree`).
+Their verifiers (greedy, target-sample-and-match) accept any tree, so the cut is lossless.
 
-* selected trees (OPT-Tree): calibrated value (else the builder's own path probability) descending, then
-  depth, then index (a calibrated value is a product of rates <= 1 along the path, so it never exceeds the
-  parent's and every prefix is parent-closed);
-* sampled trees (DySpec): the probability that the verifier *looks at* the node
-  (its slot value: parent value x draft mass not drawn before it) descending, then
-  index. A node keeps a prefix of its draws, as the rejection verifier requires.
+Sampled trees (DySpec, DySpec-threshold) are verified by rejection sampling, which stays
+lossless only if whether a draw is kept is settled before the draw is seen: a cut by the kept
+nodes' own values keeps likely draws more often than the draft draws them. They are never cut;
+`GrowthRule` makes each draw, and pays each draft forward, only when its *expected* value,
+computed from what is known before the draw, pays for it (docs/algorithms.md §7).
 
-The expected lengths come from the generation's online acceptance model when the engine
-keeps one (engine/acceptance.py: the builder's values calibrated against the verifier's
-outcomes so far), else from the builder's own values; the ranking is always the builder's.
-
-The size never changes what the verifier does with a tree, so `budget=auto` is as
-lossless as the builder (greedy identity and distribution tests cover it).
+The values come from the generation's online acceptance model when the engine keeps one
+(engine/acceptance.py: the builder's values calibrated against the verifier's outcomes so far),
+else from the builder's own values. The size never changes how the verifier treats a tree it
+is given; greedy identity and distribution tests cover every `budget=auto` builder
+(tests/test_auto_size.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.acceptance import AcceptanceModel
-from ..engine.cost import CostCurve
+import torch
+
+from ..engine.acceptance import EDGES, AcceptanceModel
+from ..engine.cost import READ_ROWS, CostCurve
 from ..engine.tree import TokenTree
 from ..errors import ArborError
 from .base import rank_nodes
@@ -56,16 +58,13 @@ class Objective:
     long_run: float | None = None
 
     def of(self, expected: float, step_cost: float) -> float:
-        """The score of a tree expected to commit `expected` tokens at `step_cost`."""
-        return expected / step_cost if self.long_run is None else expected - self.long_run * step_cost
+        """The score of a tree expected to commit `expected` tokens at `step_cost` (plus the curve's learnt cost
+        of each committed token beyond the `READ_ROWS` the curve's timed forwards include)."""
+        cost = step_cost + self.cost.token_cost * (expected - READ_ROWS)
+        return expected / cost if self.long_run is None else expected - self.long_run * cost
 
     def score(self, expected: float, size: int, draft_forwards: int) -> float:
         return self.of(expected, self.cost.step_cost(size, draft_forwards))
-
-    def can_beat(self, expected: float, size: int, bound: float, cap: int, draft_forwards: int, best: float) -> bool:
-        """Whether some size m in size+1 .. cap, with every node beyond `size` worth `bound`, scores above `best`."""
-        costs = self.cost.step_costs(draft_forwards, cap)
-        return any(self.of(expected + (m - size) * bound, costs[m]) > best for m in range(size + 1, cap + 1))
 
     def exchange(self, best_score: float) -> float:
         """Tokens a unit of cost must buy to be worth paying: the step's best rate, or lam."""
@@ -115,33 +114,11 @@ def best_size(gains: list[float], objective: Objective | CostCurve, draft_forwar
     return best_prefix(gains, objective, draft_forwards)[0]
 
 
-def cannot_improve(expected: float, size: int, bound: float, cap: int, objective: Objective | CostCurve,
-                   draft_forwards: int, best: float) -> bool:
-    """True when no tree grown further (sizes size+1 .. cap) can beat the score `best`, given that every node
-    still to come is worth at most `bound` and at least `draft_forwards` draft forwards are paid."""
-    return not as_objective(objective).can_beat(expected, size, bound, cap, draft_forwards, best)
-
-
-def slot_values(tree: TokenTree) -> list[float]:
-    """Per node, the estimated probability that the verifier examines it: parent value x draft mass
-    not drawn before it (root: 1). For a sampled tree this never grows along a path or a sibling list."""
-    out = [1.0] * tree.num_nodes
-    for parent, kids in enumerate(tree.children):
-        drawn = 0.0
-        for kid in kids:
-            out[kid] = tree.values[parent] * max(0.0, 1.0 - drawn)
-            drawn += tree.draft_probs[kid]
-    return out
-
-
 def ranking(tree: TokenTree, values: list[float] | None = None) -> list[int]:
-    """Non-root nodes in an order where every prefix is a valid tree for the tree's verifier (see module doc).
-    A selected tree may be ranked by other per-node `values` (the calibrated ones), provided no node is worth more
-    than its parent: any parent-closed subset of a selected tree is a valid tree."""
-    if tree.children_mode == "selected":
-        return rank_nodes(tree, values)
-    slots = slot_values(tree)
-    return sorted(range(1, tree.num_nodes), key=lambda i: (-slots[i], i))
+    """Non-root nodes of a selected tree in an order where every prefix is a valid tree: by `values` (the
+    calibrated ones; else the builder's own), then depth, then index. Any parent-closed subset of a selected
+    tree is a valid tree, and a calibrated value never exceeds its parent's."""
+    return rank_nodes(tree, values)
 
 
 def calibrated_values(tree: TokenTree, acceptance: AcceptanceModel | None) -> list[float]:
@@ -187,7 +164,14 @@ def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | Cos
 def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwards: int,
                  acceptance: AcceptanceModel | None = None) -> TokenTree:
     """The best-scoring prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
-    calibrated values when one is given (engine/acceptance.py), else the builder's own."""
+    calibrated values when one is given (engine/acceptance.py), else the builder's own.
+
+    Only for trees of *selected* children (verified greedily or by target-sample-and-match, which accept any
+    tree): the cut depends on the kept nodes' own values, which a rejection-verified tree of sampled children
+    must not (`GrowthRule`)."""
+    if tree.children_mode != "selected":
+        raise ArborError(f"auto_subtree cuts selected trees only, got {tree.children_mode!r} children: "
+                         "grow sampled trees with GrowthRule instead")
     values = calibrated_values(tree, acceptance)
     order = ranking(tree, values)
     n = best_size([values[i] for i in order], objective, draft_forwards)
@@ -196,36 +180,83 @@ def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwar
     return tree.subtree(order[:n])
 
 
-class GrowthStop:
-    """When a tree grown node by node in ranking order (DySpec's heap) can stop: no larger tree can
-    beat the best prefix grown so far (`cannot_improve`), both priced with the draft forwards paid now.
+_EDGES = torch.tensor(EDGES, dtype=torch.float64)
 
-    Nodes are valued as `auto_subtree` will value them, by the acceptance model when there is one:
-    a node's calibrated value is its parent's times `rate(q)`. The nodes still to come are bounded by
-    the best open slot's value (the builder's own), scaled by the calibrated-to-own ratio of the
-    nodes so far: with a draft that over-states its acceptance (T > 0) the tree stops where its
-    calibrated value stops paying, instead of growing to the cap and drafting nodes the cut discards.
+
+class DrawMoments:
+    """Per acceptance bucket (engine/acceptance.EDGES), the draft mass of a node's distribution D and the sum of D^2
+    over it: enough to give the expected calibrated value of the node's next draw without replacement before the
+    draw is made (`expected_rate`)."""
+
+    def __init__(self, dist: torch.Tensor) -> None:
+        d = dist.detach().to("cpu", torch.float64)
+        big = d[d > EDGES[0]]  # the few tokens above the first bucket
+        buckets = torch.bucketize(big, _EDGES)  # = AcceptanceModel.bucket
+        mass = torch.bincount(buckets, weights=big, minlength=len(EDGES) + 1)
+        square = torch.bincount(buckets, weights=big * big, minlength=len(EDGES) + 1)
+        mass[0] = float(d.sum()) - float(mass[1:].sum())  # the rest of the vocabulary
+        square[0] = float(torch.dot(d, d)) - float(square[1:].sum())
+        self.mass, self.square = mass.tolist(), square.tolist()
+
+    def expected_rate(self, rate, drawn: list[float], rank: int) -> float:
+        """E[rate(D(y), rank)] for the next draw y, drawn from D without the tokens already drawn (their draft
+        probabilities `drawn`), i.e. from D restricted to the rest and renormalised. `rate` is affine in q within a
+        bucket (the acceptance model's shrinkage; q itself without a model), so per bucket the expectation is the
+        rate at the bucket's mean q: `sum over buckets of mass x rate(square / mass) / remaining mass`."""
+        mass, square = list(self.mass), list(self.square)
+        for q in drawn:
+            b = AcceptanceModel.bucket(q)
+            mass[b] -= q
+            square[b] -= q * q
+        total = sum(m for m in mass if m > 1e-12)
+        if total <= 1e-12:
+            return 0.0
+        return sum(m * rate(min(1.0, max(0.0, sq / m)), rank) for m, sq in zip(mass, square) if m > 1e-12) / total
+
+
+class GrowthRule:
+    """`budget=auto` for trees of *sampled* children (DySpec, DySpec-threshold): which draws to make, decided
+    before each draw is seen (docs/algorithms.md §7).
+
+    A rejection-verified tree is lossless only if whether a node's k-th draw is kept depends on nothing but what
+    was known before that draw: the earlier draws, other branches, the parent. A cut chosen after the tree is
+    grown, by the values of the nodes it keeps, keeps likely draws more often than the draft draws them and
+    biases the output (`tests/test_auto_size.py`). So every decision here uses values known beforehand:
+
+    * a draw of a drafted node is made only if its *expected* calibrated value (`DrawMoments.expected_rate` x
+      the parent's calibrated value) is at least `price`: the exchange rate (lam, or the best step rate so far)
+      times the cheapest average cost of a node beyond the current size;
+    * a draft forward for a node's children is paid only if they are expected to repay it: the node's
+      calibrated value times the mean calibrated rate of the first two children of the nodes grown so far
+      (`kappa`; at most one child is accepted, so at most the node's value) must buy the forward and a row.
+
+    Nodes are valued as the acceptance model values them when there is one (a node's calibrated value is its
+    parent's times `rate(q, rank)`), else by the builder's own values.
     """
 
     def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
         self.objective, self.acceptance, self.cap = as_objective(objective), acceptance, cap
         self.values = [1.0]  # calibrated value per node, the root's 1 first
         self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
-        self.own_sum = 0.0
         self._best: dict[int, float] = {}  # best prefix score per number of draft forwards, kept up to date
+        self._first_two: dict[int, float] = {}  # per parent: calibrated rates of its first two children, summed
 
     @property
     def expected(self) -> float:
         return self.prefix[-1]
 
+    def rate(self, q: float, rank: int) -> float:
+        return self.acceptance.rate(q, rank) if self.acceptance is not None else q
+
     def add(self, tree: TokenTree, node: int) -> None:
         """Record `node` (the newest in `tree`)."""
         q, parent = tree.draft_probs[node], tree.parents[node]
         rank = len(tree.children[parent]) - 1  # `node` is its parent's newest child
-        rate = self.acceptance.rate(q, rank) if self.acceptance is not None else q
+        rate = self.rate(q, rank)
         self.values.append(self.values[parent] * rate)
         self.prefix.append(self.prefix[-1] + self.values[-1])
-        self.own_sum += tree.values[node]
+        if rank < 2:
+            self._first_two[parent] = self._first_two.get(parent, 0.0) + rate
         size = len(self.prefix) - 1
         for forwards, best in self._best.items():
             self._best[forwards] = max(best, self.objective.score(self.prefix[-1], size, forwards))
@@ -236,16 +267,38 @@ class GrowthStop:
             self._best[draft_forwards] = max(self.objective.score(e, k, draft_forwards) for k, e in enumerate(self.prefix))
         return self._best[draft_forwards]
 
-    def done(self, tree: TokenTree, best_open_slot: float, draft_forwards: int, paid: int | None = None) -> bool:
-        """True when growing past `tree.size` nodes, paying `draft_forwards` forwards, cannot beat the best
-        prefix so far with `paid` forwards (default: the same)."""
-        scale = (self.expected - 1.0) / self.own_sum if self.own_sum > 0 else 1.0
-        best = self.best(draft_forwards if paid is None else paid)
-        return cannot_improve(self.expected, tree.size, best_open_slot * scale, self.cap, self.objective,
-                              draft_forwards, best)
+    def price(self, size: int, draft_forwards: int) -> float:
+        """The least a node must be expected to be worth to join a tree of `size` nodes: the exchange (lam, or the
+        best rate so far) times the cheapest average cost per node of growing to some m > size nodes
+        (`(cost(m) - cost(size)) / (m - size)`); infinite at the cap."""
+        cheapest = self.objective.cost.cheapest_growth(size, draft_forwards, self.cap)
+        exchange = self.objective.exchange(self.best(draft_forwards))
+        # a node worth v adds v tokens and v x token_cost of cost: it pays when v (1 - exchange x token_cost)
+        # covers exchange x its share of the rows
+        return exchange * cheapest / max(1e-6, 1.0 - exchange * self.objective.cost.token_cost)
 
-    def can_pay(self, tree: TokenTree, slot_value: float, draft_forwards: int, paid: int | None = None) -> bool:
-        """Whether nodes worth `slot_value` (the builder's own), with `draft_forwards` forwards paid, could
-        still beat the best prefix so far with `paid` forwards: what a slot must be worth to have its
-        distribution drafted."""
-        return not self.done(tree, slot_value, draft_forwards, paid)
+    def expected_draw(self, parent: int, moments: DrawMoments, drawn: list[float]) -> float:
+        """The expected calibrated value of `parent`'s next draw, given the draft probabilities of its earlier
+        draws (`drawn`)."""
+        return self.values[parent] * moments.expected_rate(self.rate, drawn, len(drawn))
+
+    def keep(self, size: int, expected_value: float, draft_forwards: int) -> bool:
+        """Whether a draw expected to be worth `expected_value` joins a tree of `size` nodes."""
+        return size < self.cap and expected_value >= self.price(size, draft_forwards)
+
+    @property
+    def kappa(self) -> float:
+        """The mean calibrated rate of the first two children of the nodes with children so far (1 before any)."""
+        return min(1.0, sum(self._first_two.values()) / len(self._first_two)) if self._first_two else 1.0
+
+    def children_worth(self, node: int) -> float:
+        """What `node`'s children are expected to add: its calibrated value times `kappa`."""
+        return self.values[node] * self.kappa
+
+    def worth_forward(self, size: int, gain: float, draft_forwards: int, paid: int) -> bool:
+        """Whether children expected to add `gain` repay one more draft forward (`draft_forwards` paid after it)
+        and a row: the tree with them scores above the tree as it is with `paid` forwards."""
+        if size >= self.cap:
+            return False
+        return (self.objective.score(self.expected + gain, size + 1, draft_forwards)
+                > self.objective.score(self.expected, size, paid))

@@ -31,12 +31,12 @@ that samples (chain, Sequoia), so all of them estimate values the same way
 
 Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
 and `topk` (draws per node; None: as many as the budget allows). With
-`auto=true` (`budget=auto`) the budget is a cap and each tree is cut to the size
-that best trades expected tokens against step time (`objective`: the generation's
-throughput, or the step's own rate; builders/auto_size.py); the greedy variant also
-stops growing once no larger tree can win, and pays a draft forward for a node's
-children only if children worth that node's value could still win after paying it
-(docs/algorithms.md §7).
+`auto=true` (`budget=auto`) the budget is a cap and each draw is made only if its
+expected calibrated value, known before the draw, pays for its row at the exchange
+rate of `objective` (the generation's throughput, or the step's own rate), and a
+draft forward only if the children it yields are expected to repay it
+(builders/auto_size.GrowthRule). Nothing is cut after the tree is grown: a cut by
+the kept nodes' own values would bias the rejection verifier (docs/algorithms.md §7).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
-from .auto_size import GrowthStop, Objective, auto_subtree, check_objective, objective_for, require_cost
+from .auto_size import DrawMoments, GrowthRule, check_objective, objective_for, require_cost
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -72,13 +72,12 @@ class _DySpecSize:
     auto: bool
     objective: str
 
-    def _objective(self, ctx: DraftContext) -> Objective:
-        """budget=auto: what the size maximises (builders/auto_size.py)."""
-        return objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run)
-
-    def _auto_prune(self, ctx: DraftContext, tree: TokenTree) -> TokenTree:
-        """budget=auto: keep the best-scoring prefix of the tree (builders/auto_size.py)."""
-        return auto_subtree(tree, self._objective(ctx), ctx.drafter.forwards, ctx.acceptance)
+    def _rule(self, ctx: DraftContext) -> GrowthRule | None:
+        """budget=auto: the growth rule (builders/auto_size.py), deciding every draw before it is made."""
+        if not self.auto:
+            return None
+        return GrowthRule(objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run),
+                          ctx.acceptance, self.budget)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
@@ -107,38 +106,41 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
         draws: dict[int, DrawSequence] = {}
+        moments: dict[int, DrawMoments] = {}
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
-        stop = GrowthStop(self._objective(ctx), ctx.acceptance, self.budget) if self.auto else None
+        rule = self._rule(ctx)
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
             if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
                 forwards = ctx.drafter.forwards
-                if (stop is not None and not ctx.has_probs(tree, slot.parent)
-                        and not stop.can_pay(tree, -slot.neg_value, forwards + 1, paid=forwards)):
-                    continue  # budget=auto: the node stays a leaf, its children could not repay the forward
-                self._forward(ctx, tree, heap, slot.parent, draws, stop)
+                if (rule is not None and not ctx.has_probs(tree, slot.parent)
+                        and not rule.worth_forward(tree.size, rule.children_worth(slot.parent), forwards + 1, forwards)):
+                    continue  # budget=auto: the node stays a leaf, its children are not expected to repay the forward
+                self._forward(ctx, tree, heap, slot.parent, draws, rule)
                 draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
+                if rule is not None:
+                    moments[slot.parent] = DrawMoments(draws[slot.parent].dist)
             seq = draws[slot.parent]
+            if rule is not None and not rule.keep(
+                    tree.size, rule.expected_draw(slot.parent, moments[slot.parent], seq.probs[:slot.k]),
+                    ctx.drafter.forwards):
+                continue  # budget=auto: this draw, and so the node's later ones, are not expected to pay
             node = add_draw(tree, seq, slot.parent, slot.k)
+            if rule is not None:
+                rule.add(tree, node)
             if slot.k + 1 < len(seq):  # next sibling, unless the residual is empty
                 value = seq.slot_value(tree.values[slot.parent], slot.k + 1)
                 heapq.heappush(heap, Slot(-value, next(counter), slot.parent, slot.k + 1))
             if tree.depths[node] < self.depth_limit:  # first child of the new node
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
-            if stop is not None:
-                # stop growing once no larger tree can beat the best prefix so far: every node still
-                # to come is worth at most the best slot left (slot values only fall), calibrated
-                stop.add(tree, node)
-                if heap and stop.done(tree, -heap[0].neg_value, ctx.drafter.forwards):
-                    break
-        return self._auto_prune(ctx, tree) if self.auto else tree
+        return tree
 
     def _forward(self, ctx: DraftContext, tree: TokenTree, heap: list[Slot], node: int,
-                 draws: dict[int, DrawSequence], stop: GrowthStop | None = None) -> None:
+                 draws: dict[int, DrawSequence], rule: GrowthRule | None = None) -> None:
         """One batched draft forward for `node` and, with `prefetch`, the other unexpanded nodes
         among the slots that can still be popped (the best `budget - size - 1` in the heap; with
-        `budget=auto`, only those whose value could still raise the rate, `GrowthStop.can_pay`).
+        `budget=auto`, only those whose children are expected to be worth a row, `GrowthRule.keep`).
 
         Only those can be popped before the budget runs out: later pushes never outrank
         the slot they came from. Extra rows may be wasted but never change the tree,
@@ -148,11 +150,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         if self.prefetch:
             room = self.budget - tree.size - 1
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
-            if stop is not None and not self.prefetch_all:  # this forward is paid either way: price both sides with it
+            if rule is not None and not self.prefetch_all:  # this forward is paid either way
                 forwards = ctx.drafter.forwards + 1
-                # best slot first, and a slot that cannot pay is followed by none that can
-                slots = list(itertools.takewhile(lambda s: stop.can_pay(tree, -s.neg_value, forwards, paid=forwards),
-                                                 slots))
+                slots = [s for s in slots if rule.keep(tree.size, rule.children_worth(s.parent), forwards)]
             nodes += [s.parent for s in slots]
         ctx.probs(tree, nodes)
 
@@ -181,28 +181,46 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
+        rule = self._rule(ctx)
         layer = [0]
         while layer and tree.size < self.budget:
             # a node's first-child slot has the node's own value: only those passing get a forward
             expand = [n for n in layer if tree.values[n] >= self.threshold and tree.depths[n] < self.depth_limit]
+            if rule is not None and tree.size > 0:  # budget=auto: children expected to repay the layer's forward
+                forwards = ctx.drafter.forwards
+                expand = [n for n in expand if rule.keep(tree.size, rule.children_worth(n), forwards + 1)]
+                gain = sum(rule.children_worth(n) for n in expand)
+                if expand and not rule.worth_forward(tree.size, gain, forwards + 1, forwards):
+                    expand = []
             if not expand:
                 break
             ctx.probs(tree, expand)  # one batched draft forward per layer
-            layer = self._grow_layer(ctx, tree, expand)
-        return self._auto_prune(ctx, tree) if self.auto else tree
+            layer = self._grow_layer(ctx, tree, expand, rule)
+        return tree
 
-    def _grow_layer(self, ctx: DraftContext, tree: TokenTree, expand: list[int]) -> list[int]:
+    def _grow_layer(self, ctx: DraftContext, tree: TokenTree, expand: list[int], rule: GrowthRule | None) -> list[int]:
         """Draw every slot of `expand` with value >= threshold; if the node cap would be
         exceeded keep the best slots (a node's slot values decrease with k, so each
-        node keeps a prefix of its draws)."""
+        node keeps a prefix of its draws). With `budget=auto`, a node's draws also stop at the
+        first one whose expected calibrated value, known before it is drawn, is below the price
+        of a node at the layer's starting size (`GrowthRule.keep`)."""
         room = self.budget - tree.size
+        size, forwards = tree.size, ctx.drafter.forwards
         seqs = {n: DrawSequence.of(ctx, tree, n, self.draws_per_node(room)) for n in expand}
         slots = []  # (-slot value, position in layer, k)
         for pos, n in enumerate(expand):
+            moments = DrawMoments(seqs[n].dist) if rule is not None else None
             for k in range(len(seqs[n])):
                 value = seqs[n].slot_value(tree.values[n], k)
                 if value < self.threshold:
                     break
+                if rule is not None and not rule.keep(size, rule.expected_draw(n, moments, seqs[n].probs[:k]), forwards):
+                    break
                 slots.append((-value, pos, k))
         kept = sorted(sorted(slots)[:room], key=lambda s: (s[1], s[2]))  # back to layer order, draw order
-        return [add_draw(tree, seqs[expand[pos]], expand[pos], k) for _, pos, k in kept]
+        nodes = []
+        for _, pos, k in kept:
+            nodes.append(add_draw(tree, seqs[expand[pos]], expand[pos], k))
+            if rule is not None:
+                rule.add(tree, nodes[-1])
+        return nodes

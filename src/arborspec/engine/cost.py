@@ -29,6 +29,7 @@ from .tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 TABLE_ROWS = 258  # t() is tabulated for trees of up to 256 nodes + root
+MIN_FIT = 8  # steps of a generation needed to fit what a draft forward and a committed token cost
 READ_ROWS = 2  # LM-head rows a timed tree forward computes: a verifier reads accepted length of them (~2 here)
 
 
@@ -40,6 +41,8 @@ class CostCurve:
     draft_cost: float = 0.0        # one draft forward (one new token) / t(1)
     context: int = 0               # cache length of the timing forwards
     step_overhead: float = 0.0     # per step, the time outside the timed forwards (building, bookkeeping) / t(1)
+    draft_overhead: float = 0.0    # per draft forward, the step time it adds beyond `draft_cost` (learnt) / t(1)
+    token_cost: float = 0.0        # per committed token beyond READ_ROWS, the time it adds (LM-head row, caches) / t(1)
 
     def t(self, rows: int) -> float:
         """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond
@@ -65,7 +68,12 @@ class CostCurve:
     def step_cost(self, tree_size: int, draft_forwards: int) -> float:
         """One step in units of t(1): verify `tree_size` draft nodes + the root, plus the draft forwards and the
         step's fixed overhead."""
-        return self.t(tree_size + 1) + draft_forwards * self.draft_cost + self.step_overhead
+        return self.t(tree_size + 1) + draft_forwards * self.forward_cost + self.step_overhead
+
+    @property
+    def forward_cost(self) -> float:
+        """What one draft forward adds to a step / t(1): the timed forward and the overhead learnt for it."""
+        return self.draft_cost + self.draft_overhead
 
     def step_costs(self, draft_forwards: int, up_to: int) -> tuple[float, ...]:
         """`step_cost(n, draft_forwards)` for n = 0..up_to (at least), tabulated once per forward count for this
@@ -76,19 +84,58 @@ class CostCurve:
             self._step_tables[draft_forwards] = table
         return table
 
+    def cheapest_growth(self, size: int, draft_forwards: int, cap: int) -> float:
+        """The least average cost per node of growing a tree of `size` nodes to some m in size+1 .. cap:
+        min over m of `(step_cost(m) - step_cost(size)) / (m - size)` (infinite when size >= cap); cached."""
+        key = (size, draft_forwards, cap)
+        if key not in self._cheapest:
+            costs = self.step_costs(draft_forwards, cap)
+            self._cheapest[key] = min(((costs[m] - costs[size]) / (m - size) for m in range(size + 1, cap + 1)),
+                                      default=float("inf"))
+        return self._cheapest[key]
+
+    @functools.cached_property
+    def _cheapest(self) -> dict[tuple[int, int, int], float]:
+        return {}
+
     @functools.cached_property
     def _step_tables(self) -> dict[int, tuple[float, ...]]:
         return {}
 
     def with_overhead_of(self, steps) -> "CostCurve":
-        """This curve with `step_overhead` measured from a generation's `StepStats`: the median, over its steps,
-        of the step's time in units of t(1) minus what the curve predicts for its tree and draft forwards
-        (never below 0). Steps without a tree (plain decoding) leave it unchanged."""
-        gaps = [(s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
-                - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost for s in steps if s.tree_size > 0]
-        if not gaps:
+        """This curve with its overheads measured from a generation's `StepStats`. A step's time in units of t(1),
+        less what the curve predicts for its tree (`t(n + 1)`) and its timed draft forwards, is modelled as
+
+            step_overhead + draft_overhead x forwards + token_cost x (accepted tokens - READ_ROWS)
+
+        and fitted by least squares over the generation's steps when it has at least `MIN_FIT` of them with at
+        least two different numbers of forwards and of accepted tokens (else the two slopes are kept and only the
+        overhead is learnt). Both slopes are needed: a step that pays more forwards grows a deeper tree and
+        commits more tokens, and every committed token costs time of its own (the verifier's LM-head row for it,
+        cache compaction, the draft catching up), so a fit on forwards alone charges them to the forwards.
+        Slopes are never below 0 (a negative one is dropped and the rest refitted); `step_overhead` is then the
+        median over steps of what the slopes leave, never below 0. Steps without a tree (plain decoding) are
+        ignored; none: the curve is returned unchanged."""
+        rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS),
+                 (s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
+                 - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost) for s in steps if s.tree_size > 0]
+        if not rows:
             return self
-        return replace(self, step_overhead=max(0.0, statistics.median(gaps)))
+        slopes = {"draft_overhead": self.draft_overhead, "token_cost": self.token_cost}
+        if len(rows) >= MIN_FIT:
+            columns = {"draft_overhead": [r[0] for r in rows], "token_cost": [r[1] for r in rows]}
+            free = [name for name, col in columns.items() if len(set(col)) >= 2]
+            while free:
+                x = torch.tensor([[1.0] + [columns[n][k] for n in free] for k in range(len(rows))], dtype=torch.float64)
+                y = torch.tensor([[r[2]] for r in rows], dtype=torch.float64)
+                fit = torch.linalg.lstsq(x, y).solution[1:, 0].tolist()
+                if min(fit) >= 0:
+                    slopes.update(zip(free, fit))
+                    break
+                dropped = free.pop(fit.index(min(fit)))
+                slopes[dropped] = 0.0
+        overhead = statistics.median(g - slopes["draft_overhead"] * f - slopes["token_cost"] * a for f, a, g in rows)
+        return replace(self, step_overhead=max(0.0, overhead), **slopes)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -97,7 +144,8 @@ class CostCurve:
     def from_dict(cls, data: dict) -> "CostCurve":
         return cls(tuple(int(x) for x in data["tokens"]), tuple(float(y) for y in data["relative"]),
                    float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)),
-                   float(data.get("step_overhead", 0.0)))
+                   float(data.get("step_overhead", 0.0)), float(data.get("draft_overhead", 0.0)),
+                   float(data.get("token_cost", 0.0)))
 
 
 def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:

@@ -26,7 +26,7 @@ from .acceptance import AcceptanceModel
 from .adapter import ModelAdapter
 from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
-from .cost import CostCurve, cost_curve_for
+from .cost import READ_ROWS, CostCurve, cost_curve_for
 from .long_run import LongRunRate
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
@@ -155,7 +155,9 @@ class SpeculativeDecoder:
         return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=list(out), steps=list(steps),
                                 wall_time=wall, stop_reason=stop,
                                 config={"builder": self.builder.describe(), "verifier": verifier_name}
-                                | ({"step_overhead": round(self.cost.step_overhead, 4)} if self.builder.needs_cost else {}))
+                                | ({"step_overhead": round(self.cost.step_overhead, 4),
+                                   "draft_overhead": round(self.cost.draft_overhead, 4),
+                                   "token_cost": round(self.cost.token_cost, 4)} if self.builder.needs_cost else {}))
 
     def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
               draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
@@ -189,7 +191,8 @@ class SpeculativeDecoder:
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
         if self.cost is not None:
-            self.long_run.observe(len(new), self.cost.step_cost(tree.size, self.drafter.forwards))
+            self.long_run.observe(len(new), self.cost.step_cost(tree.size, self.drafter.forwards)
+                                  + self.cost.token_cost * (len(new) - READ_ROWS))
         steps.append(StepStats(
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
             estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
