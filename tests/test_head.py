@@ -176,6 +176,60 @@ def test_int8_draft_logits_keep_the_target_distribution(small_vocab_pair, tmp_pa
     assert tv1 < TV_BOUND and tv2 < TV_BOUND, (tv1, tv2)
 
 
+@pytest.fixture(scope="module")
+def int8_layers_head(target, trained_head, tmp_path_factory):
+    """The trained head reloaded as CPU pairs run it by default: fc, the decoder layer and the logits in int8."""
+    path = tmp_path_factory.mktemp("int8-layers-head")
+    trained_head[0].save(path, "tiny", target)
+    return load_head(path, target, int8_logits=True, int8_layers=True)
+
+
+@pytest.mark.parametrize("name", ["dyspec", "opt-tree", "sequoia", "chain", "eagle2"])
+def test_int8_layers_are_greedy_identical(target, int8_layers_head, name):
+    assert int8_layers_head.int8_layers and int8_layers_head.int8_logits
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(int8_layers_head), make_builder(name, budget=8))
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+
+
+def test_int8_layers_replace_every_linear_and_stay_close_to_the_float_head(target, trained_head, int8_layers_head):
+    from arborspec.engine.int8 import Int8GroupMember, Int8Linear
+
+    assert not any(isinstance(m, torch.nn.Linear) for m in int8_layers_head.modules())
+    layer = int8_layers_head.body.layers[0]
+    assert all(isinstance(getattr(layer.self_attn, n), Int8GroupMember) for n in ("q_proj", "k_proj", "v_proj"))
+    assert isinstance(int8_layers_head.fc, Int8Linear) and isinstance(layer.mlp.down_proj, Int8Linear)
+    head = trained_head[0]
+    tokens, feats = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.randn(1, 6, target.config.hidden_size)
+    with torch.no_grad():
+        want, got = head(tokens, feats)[0], int8_layers_head(tokens, feats)[0]
+    assert not torch.equal(got, want)  # it really runs another precision
+    assert (got - want).norm() < 0.1 * want.norm()  # 8-bit rows, 7-bit weights: a few per cent on this tiny model
+    agree = (head.draft_logits(want).argmax(-1) == int8_layers_head.draft_logits(got).argmax(-1)).float().mean()
+    assert agree >= 0.8, float(agree)
+
+
+def test_int8_layers_keep_the_target_distribution(small_vocab_pair, tmp_path):
+    from test_lossless import exact_first_two, first_two_tv
+
+    target = small_vocab_pair[0]
+    make_head(target, vocab_ids=torch.tensor([0, 3, 5, 7, 11, 12])).save(tmp_path, "small", target)
+    head = load_head(tmp_path, target, int8_logits=True, int8_layers=True)
+    cfg = SamplingConfig(0.8, top_p=0.95)
+    prompt = [3, 7, 1, 12]
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(head), make_builder("dyspec", budget=6))
+    tv1, tv2 = first_two_tv(dec, prompt, cfg, p1, p2, N_RUNS)
+    assert tv1 < TV_BOUND and tv2 < TV_BOUND, (tv1, tv2)
+
+
+def test_a_head_with_int8_layers_is_not_saved(target, int8_layers_head, tmp_path):
+    with pytest.raises(ArborError, match="int8 layers"):
+        int8_layers_head.save(tmp_path, "tiny", target)
+    assert not (tmp_path / "head.safetensors").exists()
+
+
 # --------------------------------------------------------------------------- training and files
 
 

@@ -41,7 +41,7 @@ class SpeculativeGenerator:
         """`device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
         (accelerate; see `arborspec.models.placement_kwargs`); they override `device`.
-        `draft_logits`: a draft head's logits in "int8" (the "auto" choice on CPU) or "float" (never changes the output).
+        `draft_logits`: a draft head's layer and logits in "int8" (the "auto" choice on CPU) or "float" (never changes the output).
         `compile`: run the target's decoder through `torch.compile` (one-off compilation on the first forwards)."""
         if budget is None and not method_params:
             budget = DEFAULT_BUDGET

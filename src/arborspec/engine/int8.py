@@ -209,15 +209,17 @@ def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) 
 GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 
 
-def _swap_linears(model) -> None:
-    """Every decoder linear -> int8; those that share an input run as one `Int8Group`."""
-    for layer in _layers(model):
+def swap_linears(root: nn.Module) -> None:
+    """Every `nn.Linear` under `root` -> int8 (`Int8Linear`); in each decoder layer the linears that share an
+    input (q/k/v, gate/up) run as one `Int8Group`."""
+    for module in list(root.modules()):
         for parent_name, names in GROUPS:
-            parent = layer.get_submodule(parent_name)
-            group = Int8Group([getattr(parent, n) for n in names])
-            for name, member in zip(names, group.members):
-                setattr(parent, name, member)
-    for parent in model.get_decoder().modules():
+            parent = getattr(module, parent_name, None)
+            if isinstance(parent, nn.Module) and all(type(getattr(parent, n, None)) is nn.Linear for n in names):
+                group = Int8Group([getattr(parent, n) for n in names])
+                for name, member in zip(names, group.members):
+                    setattr(parent, name, member)
+    for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child))
@@ -239,6 +241,6 @@ def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPH
     if (folded - reference).abs().max() > _FOLD_TOLERANCE * reference.abs().max():
         raise ArborError(f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
                          "(not a Llama-style RMSNorm): use --dtype float32")
-    _swap_linears(model)
+    swap_linears(model.get_decoder())
     use_float64_attention(model)
     return model

@@ -7,7 +7,8 @@
   target features: equals chain acceptance at temperature 0) and at depths 2-3
   (it reads its own predictions, as deeper tree nodes do).
 * **Chain acceptance at temperature T** (depth 1): mean of sum_x min(p_T(x), p_D(x)).
-* `--int8-logits`: the same with the head's int8 draft logits (drafters/head.py).
+* `--int8-logits`: the same with the head's int8 draft logits; `--int8-layers`: with its fc and decoder
+  layer in int8 too (both: the CPU default of `generate` and `bench`; drafters/head.py).
 * **Cost**: median time of one head forward (1 new row over a `cache_len` cache,
   draft-vocabulary logits included) / one 1-token target forward, interleaved.
 
@@ -69,12 +70,12 @@ def chain_acceptance(head: DraftHead, seqs: list[HeadSequence], temperature: flo
 
 def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "runs/head/heldout", n_mtbench: int = 80,
             n_humaneval: int = 40, max_new_tokens: int = 128, temperature: float = 0.6, cache_len: int = 128,
-            reps: int = 30, depths: int = 3, int8_logits: bool = False) -> dict:
+            reps: int = 30, depths: int = 3, int8_logits: bool = False, int8_layers: bool = False) -> dict:
     from ..models import load_model, load_tokenizer
 
     tok = load_tokenizer(target_name)
     target = load_model(target_name).requires_grad_(False)
-    head = load_head(head_dir, target, int8_logits=int8_logits)
+    head = load_head(head_dir, target, int8_logits=int8_logits, int8_layers=int8_layers)
     tt, th = [], []
     for r in range(3):  # interleaved, so both see the same machine load
         tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
@@ -83,7 +84,8 @@ def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "ru
     result = {"head": head_dir, "target": target_name, "threads": torch.get_num_threads(),
               "cost": {"target_forward_ms": round(1000 * t_target, 3), "head_forward_ms": round(1000 * t_head, 3),
                        "head_cost_ratio": round(t_head / t_target, 4), "cache_len": cache_len,
-                       "draft_vocab": int(head.vocab_ids.numel()), "int8_logits": head.int8_logits},
+                       "draft_vocab": int(head.vocab_ids.numel()), "int8_logits": head.int8_logits,
+                       "int8_layers": head.int8_layers},
               "max_new_tokens": max_new_tokens, "sets": {}}
     cfg = HeadTrainConfig(ttt_steps=depths, batch_tokens=4096)
     sets = {"mt_bench_turn1": mtbench_first_turns()[:n_mtbench], "humaneval": humaneval_prompts()[:n_humaneval]}
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--int8-logits", action="store_true", help="draft logits with int8 weights (CPU)")
+    p.add_argument("--int8-layers", action="store_true", help="fc and the decoder layer in int8 too (CPU; with --int8-logits: "
+                   "the CPU default of generate and bench)")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     if a.threads:
@@ -121,7 +125,7 @@ def main(argv=None) -> int:
 
     res = measure(str(resolve_head_dir(a.head)), a.target, work_dir=a.work_dir, n_mtbench=a.n_mtbench,
                   n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                  int8_logits=a.int8_logits)
+                  int8_logits=a.int8_logits, int8_layers=a.int8_layers)
     res["head"] = a.head  # the name the user gave (the resolved path depends on the install)
     report_json(res, a.out)
     return 0

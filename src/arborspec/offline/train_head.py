@@ -148,7 +148,7 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
     """Total loss and per-pass statistics (top-1 agreement with the target's greedy token, over valid rows)."""
     from transformers import DynamicCache
 
-    dev = head.fc.weight.device
+    dev = head.vocab_ids.device
     tokens, prev, target = batch.tokens.to(dev), batch.prev.to(dev), batch.target.to(dev)
     b, length = tokens.shape
     pos = torch.arange(length, device=dev)[None].expand(b, -1)
