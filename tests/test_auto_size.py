@@ -566,6 +566,60 @@ def test_draw_moments_give_the_exact_expected_rate_of_the_next_draw():
         sum(float(q) ** 2 for q in dist[1:]) / 0.6)
 
 
+def test_ordered_draws_are_valued_exactly_random_draws_by_their_expectation():
+    """At temperature 0 the k-th draw is the k-th most likely token, known before it is made: its value is the
+    parent's times rate(its own q, k). A random draw is valued by the expectation over what it may be, which for
+    the second draw of this distribution is far below the second token's own value (what kept T = 0 trees small)."""
+    from arborspec.builders.auto_size import DrawMoments, GrowthRule
+
+    dist = torch.tensor([0.4, 0.25, 0.15, 0.08, 0.06, 0.03, 0.02, 0.01, 0.0])
+    probs = [0.4, 0.25, 0.15, 0.08]  # the ordered draws
+    moments = DrawMoments(dist)
+    for model in (None, _pessimist(0.4)):
+        rule = GrowthRule(FLAT, model, 16)
+        rule.values = [1.0, 0.5]  # node 1 is worth 0.5
+        for k in range(len(probs)):
+            assert rule.draw_value(1, moments, probs, k, ordered=True) == pytest.approx(0.5 * rule.rate(probs[k], k))
+            assert rule.draw_value(1, moments, probs, k, ordered=False) == pytest.approx(
+                rule.expected_draw(1, moments, probs[:k]))
+    rule = GrowthRule(FLAT, None, 16)  # face value: rate(q) = q
+    rule.values = [1.0, 0.5]
+    assert rule.draw_value(1, moments, probs, 1, ordered=True) == pytest.approx(0.125)
+    assert rule.draw_value(1, moments, probs, 1, ordered=False) == pytest.approx(
+        0.5 * sum(float(q) ** 2 for q in dist[1:]) / 0.6)  # 0.5 x 0.1595 / 0.6 = 0.0665
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dyspec_auto_judges_ordered_draws_by_their_own_value_and_random_ones_by_expectation(monkeypatch, seed):
+    """Every draw DySpec auto considers is judged by `GrowthRule.draw_value`: at temperature 0 (ordered draws) with
+    the value the kept node then has; above 0 with an expectation that differs from what the draw turns out to be."""
+    from arborspec.builders.auto_size import GrowthRule
+    from arborspec.engine.contracts import DraftContext
+    from arborspec.engine.sampling import SamplingConfig
+
+    seen = {}
+    judge = GrowthRule.draw_value
+
+    def spy(self, parent, moments, probs, k, ordered):
+        seen[(parent, k)] = (judge(self, parent, moments, probs, k, ordered), ordered)
+        return seen[(parent, k)][0]
+
+    monkeypatch.setattr(GrowthRule, "draw_value", spy)
+    results = {}
+    for label, cfg in (("ordered", SamplingConfig(0.0).draft_side()), ("random", SamplingConfig(1.0))):
+        drafter = TableDrafter(random_table(12, seed, power=2.0), 12)
+        ctx = DraftContext(drafter, cfg, torch.Generator().manual_seed(seed), drafter.begin([0]))
+        ctx.cost = FLAT
+        seen.clear()
+        tree = make_builder("dyspec", budget=16, auto=True).build(ctx, 0)
+        assert tree.size >= 1
+        judged = [seen[(p, tree.children[p].index(n))] for n, p in enumerate(tree.parents) if n > 0]
+        assert all(ordered == (label == "ordered") for _, ordered in judged)
+        results[label] = [(v, tree.values[n]) for (v, _), n in zip(judged, range(1, tree.num_nodes))]
+    assert all(v == pytest.approx(own) for v, own in results["ordered"])
+    assert any(v != pytest.approx(own) for v, own in results["random"])
+
+
 def test_growth_rule_prices_a_node_at_the_cheapest_average_cost_of_growing():
     """price(n) = exchange x min over m > n of (cost(m) - cost(n)) / (m - n); keep() compares an expected value with
     it; a forward is worth paying when the children's expected gain lifts the score after paying it."""

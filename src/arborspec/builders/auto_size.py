@@ -282,6 +282,15 @@ class GrowthRule:
         draws (`drawn`)."""
         return self.values[parent] * moments.expected_rate(self.rate, drawn, len(drawn))
 
+    def draw_value(self, parent: int, moments: DrawMoments, probs: list[float], k: int, ordered: bool) -> float:
+        """The calibrated value of `parent`'s draw k as known before it is made. Ordered draws (temperature 0:
+        the k-th most likely token, nothing random; verified greedily, which any tree passes losslessly) are
+        valued exactly from their draft probability `probs[k]`; a random draw by its expectation
+        (`expected_draw`), since looking at it first would bias the rejection verifier."""
+        if ordered:
+            return self.values[parent] * self.rate(probs[k], k)
+        return self.expected_draw(parent, moments, probs[:k])
+
     def keep(self, size: int, expected_value: float, draft_forwards: int) -> bool:
         """Whether a draw expected to be worth `expected_value` joins a tree of `size` nodes."""
         return size < self.cap and expected_value >= self.price(size, draft_forwards)

@@ -95,7 +95,9 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
     prefetch_all: bool = False  # with auto: prefetch every such node, as fixed budgets do, not only those that can pay
     auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
-    objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
+    # with auto: "step" (each step's rate) or "long-run" (the generation's throughput); "step" measured at least as
+    # fast for DySpec in every same-run comparison (docs/algorithms.md §7)
+    objective: str = "step"
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
@@ -123,7 +125,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                     moments[slot.parent] = DrawMoments(draws[slot.parent].dist)
             seq = draws[slot.parent]
             if rule is not None and not rule.keep(
-                    tree.size, rule.expected_draw(slot.parent, moments[slot.parent], seq.probs[:slot.k]),
+                    tree.size, rule.draw_value(slot.parent, moments[slot.parent], seq.probs, slot.k, ctx.cfg.ordered_draws),
                     ctx.drafter.forwards):
                 continue  # budget=auto: this draw, and so the node's later ones, are not expected to pay
             node = add_draw(tree, seq, slot.parent, slot.k)
@@ -214,7 +216,8 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
                 value = seqs[n].slot_value(tree.values[n], k)
                 if value < self.threshold:
                     break
-                if rule is not None and not rule.keep(size, rule.expected_draw(n, moments, seqs[n].probs[:k]), forwards):
+                if rule is not None and not rule.keep(size, rule.draw_value(n, moments, seqs[n].probs, k, ctx.cfg.ordered_draws),
+                                                      forwards):
                     break
                 slots.append((-value, pos, k))
         kept = sorted(sorted(slots)[:room], key=lambda s: (s[1], s[2]))  # back to layer order, draw order
