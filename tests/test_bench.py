@@ -309,3 +309,21 @@ def test_encode_conversation_without_chat_template(tiny_dirs):
     p = load_prompts(str(tiny_dirs / "prompts.jsonl"))[0]
     ids = encode_messages(tok, conversation(p, ["ok"]))
     assert tok.decode(ids, skip_special_tokens=True).endswith("And again?")
+
+
+def test_results_header_names_the_draft_heads_precision():
+    """The header records a head's precision as run (layer and logits); the report reads old files' logits-only values."""
+    from types import SimpleNamespace
+
+    from arborspec.bench.report import _head_precision
+    from arborspec.bench.run import _draft_logits
+
+    def drafter(layers, logits):
+        return SimpleNamespace(head=SimpleNamespace(int8_layers=layers, int8_logits=logits))
+
+    assert _draft_logits(drafter(True, True)) == "int8 layer and logits"
+    assert _draft_logits(drafter(False, True)) == "int8 logits"
+    assert _draft_logits(drafter(False, False)) == "float"
+    assert _draft_logits(SimpleNamespace()) is None  # not a head
+    assert [_head_precision(v) for v in ("int8", "float", "int8 layer and logits")] == [
+        "int8 logits", "float logits", "int8 layer and logits"]

@@ -122,13 +122,19 @@ def category_table(groups: list[CategorySummary], temperature: float) -> str:
     return "\n".join(lines)
 
 
+
+def _head_precision(value: str) -> str:
+    """A header's draft-head precision as the report prints it (older files recorded "int8" / "float" logits)."""
+    return f"{value} logits" if value in ("int8", "float") else value
+
+
 def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]:
     lines = []
     for path, h in zip(paths, headers):
         c, m, v = h["config"], h.get("machine", {}), h.get("versions", {})
         lines.append(
             f"* `{path}`: target `{h.get('target', c['target'])}`, draft `{h.get('draft', c['draft'])}`"
-            + (f" ({h['draft_logits']} logits)" if h.get("draft_logits") else "") + ", "
+            + (f" ({_head_precision(h['draft_logits'])})" if h.get("draft_logits") else "") + ", "
             f"prompts `{c['prompts']}` (n={c['num_prompts'] or 'all'}, turns={c['turns'] or 'all'}), "
             f"max_new_tokens {c['max_new_tokens']}, {h.get('device')} {c['dtype']}"
             + (" (target decoder through torch.compile)" if c.get("compile") else "") + ", "

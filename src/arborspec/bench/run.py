@@ -430,9 +430,14 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
 
 
 def _draft_logits(drafter) -> str | None:
-    """How a draft head computed its logits ("int8" or "float"); None for other drafters."""
+    """A draft head's precision ("int8 layer and logits", "int8 logits" or "float"; older results files: "int8" or
+    "float" for the logits); None for other drafters."""
     head = getattr(drafter, "head", None)
-    return None if head is None else ("int8" if head.int8_logits else "float")
+    if head is None:
+        return None
+    if head.int8_layers:
+        return "int8 layer and logits" if head.int8_logits else "int8 layer"
+    return "int8 logits" if head.int8_logits else "float"
 
 
 def _hf_note(runner: _Runner) -> dict:
