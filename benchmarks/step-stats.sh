@@ -14,7 +14,8 @@ git show 0e02a54:benchmarks/estimate-ngram/results.jsonl > "$tmp/estimate-ngram-
   echo
   "$PY" benchmarks/step_stats.py "$tmp/estimate-ngram-0e02a54.jsonl" \
       --label "estimate-ngram as of 0e02a54 (before carrying the acceptance model between generations)"
-  for d in estimate-ngram int8-head-mtbench-t0 auto-mtbench-t06 prefetch-all-int8-t0 ${EXTRA_DIRS:-}; do
+  for d in estimate-ngram int8-head-mtbench-t0 auto-mtbench-t06 prefetch-all-int8-t0 int8-head-mtbench-t0-s9-before \
+      int8-head-mtbench-t0-s9 int8-head-mtbench-t06-s9 ${EXTRA_DIRS:-}; do
     echo; "$PY" benchmarks/step_stats.py "benchmarks/$d/results.jsonl" --label "$d"
   done
 } > benchmarks/step-stats.md.tmp
