@@ -2,14 +2,14 @@
 # Reproduce the ninth session's figures: the draft head with its layer in int8 (the CPU default, docs/algorithms.md
 # §6), on the int8 target at T = 0 and 0.6 against plain int8 decoding, HF generate and HF assisted generation; the
 # head's precision A/B in one process; and torch.compile's forward paths (docs/algorithms.md §7). Run from the
-# repository root after `make setup`, on an otherwise idle machine (2 cores), ~50 min. STEPS="1 2" runs some steps.
+# repository root after `make setup`, on an otherwise idle machine (2 cores), ~55 min. STEPS="1 2" runs some steps.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
 OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"0 1 2 3 4"}
+STEPS=${STEPS:-"0 1 2 3 4 5"}
 run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped head as CPU pairs now run it: layer and draft logits in int8.
@@ -46,4 +46,12 @@ fi
 # 4. t(n) of every forward path with and without torch.compile, interleaved, and the first (compiling) round.
 if run 4; then
   $P benchmarks/cost_paths.py --compile --repeats 5 --sizes 1,2,4,8,16 --out $OUT/cost-paths-compile.json
+fi
+
+# 5. OPT-Tree at T = 0: budget 8 against auto with both objectives (the int8 target, 20 x 128).
+if run 5; then
+  rm -rf $OUT/opt-tree-objective-int8-t0
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/opt-tree-objective-int8-t0 -m opt-tree:budget=8 -m opt-tree:budget=auto \
+    -m opt-tree:budget=auto:objective=step
 fi
