@@ -576,16 +576,16 @@ def test_ordered_draws_are_valued_exactly_random_draws_by_their_expectation():
     probs = [0.4, 0.25, 0.15, 0.08]  # the ordered draws
     moments = DrawMoments(dist)
     for model in (None, _pessimist(0.4)):
-        rule = GrowthRule(FLAT, model, 16)
-        rule.values = [1.0, 0.5]  # node 1 is worth 0.5
+        ordered, random = GrowthRule(FLAT, model, 16, ordered=True), GrowthRule(FLAT, model, 16)
+        ordered.values = random.values = [1.0, 0.5]  # node 1 is worth 0.5
+        assert ordered.moments(dist) is None  # ordered draws need no moments
         for k in range(len(probs)):
-            assert rule.draw_value(1, moments, probs, k, ordered=True) == pytest.approx(0.5 * rule.rate(probs[k], k))
-            assert rule.draw_value(1, moments, probs, k, ordered=False) == pytest.approx(
-                rule.expected_draw(1, moments, probs[:k]))
-    rule = GrowthRule(FLAT, None, 16)  # face value: rate(q) = q
-    rule.values = [1.0, 0.5]
-    assert rule.draw_value(1, moments, probs, 1, ordered=True) == pytest.approx(0.125)
-    assert rule.draw_value(1, moments, probs, 1, ordered=False) == pytest.approx(
+            assert ordered.draw_value(1, None, probs, k) == pytest.approx(0.5 * ordered.rate(probs[k], k))
+            assert random.draw_value(1, moments, probs, k) == pytest.approx(random.expected_draw(1, moments, probs[:k]))
+    ordered, random = GrowthRule(FLAT, None, 16, ordered=True), GrowthRule(FLAT, None, 16)  # face value: rate(q) = q
+    ordered.values = random.values = [1.0, 0.5]
+    assert ordered.draw_value(1, None, probs, 1) == pytest.approx(0.125)
+    assert random.draw_value(1, random.moments(dist), probs, 1) == pytest.approx(
         0.5 * sum(float(q) ** 2 for q in dist[1:]) / 0.6)  # 0.5 x 0.1595 / 0.6 = 0.0665
 
 
@@ -600,8 +600,8 @@ def test_dyspec_auto_judges_ordered_draws_by_their_own_value_and_random_ones_by_
     seen = {}
     judge = GrowthRule.draw_value
 
-    def spy(self, parent, moments, probs, k, ordered):
-        seen[(parent, k)] = (judge(self, parent, moments, probs, k, ordered), ordered)
+    def spy(self, parent, moments, probs, k):
+        seen[(parent, k)] = (judge(self, parent, moments, probs, k), self.ordered)
         return seen[(parent, k)][0]
 
     monkeypatch.setattr(GrowthRule, "draw_value", spy)

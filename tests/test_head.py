@@ -133,11 +133,13 @@ def int8_head(target, trained_head, tmp_path_factory):
     return load_head(path, target, int8_logits=True)
 
 
-@pytest.mark.parametrize("name", ["dyspec", "opt-tree", "specinfer", "chain", "eagle2"])
-def test_int8_draft_logits_are_greedy_identical(target, int8_head, name):
-    assert int8_head.int8_logits
+@pytest.mark.parametrize("name", ["dyspec", "opt-tree", "sequoia", "specinfer", "chain", "eagle2"])
+@pytest.mark.parametrize("which", ["int8_head", "int8_layers_head"])
+def test_int8_heads_are_greedy_identical(target, request, which, name):
+    head = request.getfixturevalue(which)
+    assert head.int8_logits and head.int8_layers == (which == "int8_layers_head")
     cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
-    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(int8_head), make_builder(name, budget=8))
+    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(head), make_builder(name, budget=8))
     for prompt in PROMPTS:
         assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
 
@@ -184,15 +186,6 @@ def int8_layers_head(target, trained_head, tmp_path_factory):
     path = tmp_path_factory.mktemp("int8-layers-head")
     trained_head[0].save(path, "tiny", target)
     return load_head(path, target, int8_logits=True, int8_layers=True)
-
-
-@pytest.mark.parametrize("name", ["dyspec", "opt-tree", "sequoia", "chain", "eagle2"])
-def test_int8_layers_are_greedy_identical(target, int8_layers_head, name):
-    assert int8_layers_head.int8_layers and int8_layers_head.int8_logits
-    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
-    dec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(int8_layers_head), make_builder(name, budget=8))
-    for prompt in PROMPTS:
-        assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
 
 
 def test_int8_layers_replace_every_linear_and_stay_close_to_the_float_head(target, trained_head, int8_layers_head):

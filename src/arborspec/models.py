@@ -375,7 +375,7 @@ def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str
 DRAFT_LOGITS = ("auto", "float", "int8")
 
 
-def head_int8_logits(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
+def head_int8(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
     """Whether a draft head runs in int8, its layer and its logits (drafters/head.py): `auto` = on a CPU target
     that no device map places (`placed`)."""
     if draft_logits not in DRAFT_LOGITS:
@@ -406,7 +406,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     # bad placement or precision fails before anything is loaded
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     check_precision(dtype, device, placement)
-    int8_logits = head_int8_logits(draft_logits, device, bool(placement))
+    int8_head = head_int8(draft_logits, device, bool(placement))
     if draft != NGRAM_DRAFT and not is_head_dir(draft):
         resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)
@@ -418,7 +418,7 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):
         drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype),
-                                       int8_logits=int8_logits, int8_layers=int8_logits))
+                                       int8_logits=int8_head, int8_layers=int8_head))
     else:
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)

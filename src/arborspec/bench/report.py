@@ -122,7 +122,6 @@ def category_table(groups: list[CategorySummary], temperature: float) -> str:
     return "\n".join(lines)
 
 
-
 def _head_precision(value: str) -> str:
     """A header's draft-head precision as the report prints it (older files recorded "int8" / "float" logits)."""
     return f"{value} logits" if value in ("int8", "float") else value

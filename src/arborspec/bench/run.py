@@ -48,7 +48,7 @@ from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_gen
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError, Interrupted
 from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, draft_precision,
-                      head_int8_logits, load_model, load_pair, placement_kwargs)
+                      head_int8, load_model, load_pair, placement_kwargs)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
@@ -90,7 +90,7 @@ class BenchConfig:
     def validate(self) -> None:
         if not self.methods:
             raise ArborError("give at least one method to benchmark, e.g. --method dyspec:budget=16,32")
-        head_int8_logits(self.draft_logits, self.device, bool(self.device_map or self.max_memory))
+        head_int8(self.draft_logits, self.device, bool(self.device_map or self.max_memory))
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ArborError(f"temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
         if not self.seeds:

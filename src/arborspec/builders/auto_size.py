@@ -234,8 +234,10 @@ class GrowthRule:
     parent's times `rate(q, rank)`), else by the builder's own values.
     """
 
-    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int) -> None:
-        self.objective, self.acceptance, self.cap = as_objective(objective), acceptance, cap
+    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int,
+                 ordered: bool = False) -> None:
+        """`ordered`: the draws are the draft's most likely tokens in order (temperature 0, `draw_value`)."""
+        self.objective, self.acceptance, self.cap, self.ordered = as_objective(objective), acceptance, cap, ordered
         self.values = [1.0]  # calibrated value per node, the root's 1 first
         self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
         self._best: dict[int, float] = {}  # best prefix score per number of draft forwards, kept up to date
@@ -282,12 +284,17 @@ class GrowthRule:
         draws (`drawn`)."""
         return self.values[parent] * moments.expected_rate(self.rate, drawn, len(drawn))
 
-    def draw_value(self, parent: int, moments: DrawMoments, probs: list[float], k: int, ordered: bool) -> float:
+    def moments(self, dist: torch.Tensor) -> DrawMoments | None:
+        """What `draw_value` needs of a node's draft distribution: its `DrawMoments`; None for ordered draws, which
+        are valued without them."""
+        return None if self.ordered else DrawMoments(dist)
+
+    def draw_value(self, parent: int, moments: DrawMoments | None, probs: list[float], k: int) -> float:
         """The calibrated value of `parent`'s draw k as known before it is made. Ordered draws (temperature 0:
         the k-th most likely token, nothing random; verified greedily, which any tree passes losslessly) are
         valued exactly from their draft probability `probs[k]`; a random draw by its expectation
         (`expected_draw`), since looking at it first would bias the rejection verifier."""
-        if ordered:
+        if self.ordered:
             return self.values[parent] * self.rate(probs[k], k)
         return self.expected_draw(parent, moments, probs[:k])
 

@@ -77,7 +77,7 @@ class _DySpecSize:
         if not self.auto:
             return None
         return GrowthRule(objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run),
-                          ctx.acceptance, self.budget)
+                          ctx.acceptance, self.budget, ordered=ctx.cfg.ordered_draws)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
@@ -108,7 +108,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         tree = TokenTree.from_root(root_token, self.children_mode)
         draws: dict[int, DrawSequence] = {}
-        moments: dict[int, DrawMoments] = {}
+        moments: dict[int, DrawMoments | None] = {}
         counter = itertools.count()
         heap = [Slot(-1.0, next(counter), 0, 0)]
         rule = self._rule(ctx)
@@ -122,10 +122,10 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 self._forward(ctx, tree, heap, slot.parent, draws, rule)
                 draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
                 if rule is not None:
-                    moments[slot.parent] = DrawMoments(draws[slot.parent].dist)
+                    moments[slot.parent] = rule.moments(draws[slot.parent].dist)
             seq = draws[slot.parent]
             if rule is not None and not rule.keep(
-                    tree.size, rule.draw_value(slot.parent, moments[slot.parent], seq.probs, slot.k, ctx.cfg.ordered_draws),
+                    tree.size, rule.draw_value(slot.parent, moments[slot.parent], seq.probs, slot.k),
                     ctx.drafter.forwards):
                 continue  # budget=auto: this draw, and so the node's later ones, are not expected to pay
             node = add_draw(tree, seq, slot.parent, slot.k)
@@ -211,13 +211,12 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
         seqs = {n: DrawSequence.of(ctx, tree, n, self.draws_per_node(room)) for n in expand}
         slots = []  # (-slot value, position in layer, k)
         for pos, n in enumerate(expand):
-            moments = DrawMoments(seqs[n].dist) if rule is not None else None
+            moments = rule.moments(seqs[n].dist) if rule is not None else None
             for k in range(len(seqs[n])):
                 value = seqs[n].slot_value(tree.values[n], k)
                 if value < self.threshold:
                     break
-                if rule is not None and not rule.keep(size, rule.draw_value(n, moments, seqs[n].probs, k, ctx.cfg.ordered_draws),
-                                                      forwards):
+                if rule is not None and not rule.keep(size, rule.draw_value(n, moments, seqs[n].probs, k), forwards):
                     break
                 slots.append((-value, pos, k))
         kept = sorted(sorted(slots)[:room], key=lambda s: (s[1], s[2]))  # back to layer order, draw order
