@@ -2,14 +2,14 @@
 # Reproduce the ninth session's figures: the draft head with its layer in int8 (the CPU default, docs/algorithms.md
 # §6), on the int8 target at T = 0 and 0.6 against plain int8 decoding, HF generate and HF assisted generation; the
 # head's precision A/B in one process; and torch.compile's forward paths (docs/algorithms.md §7). Run from the
-# repository root after `make setup`, on an otherwise idle machine (2 cores), ~55 min. STEPS="1 2" runs some steps.
+# repository root after `make setup`, on an otherwise idle machine (2 cores), ~60 min. STEPS="1 2" runs some steps.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
 OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"0 1 2 3 4 5"}
+STEPS=${STEPS:-"0 1 2 3 4 5 6"}
 run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped head as CPU pairs now run it: layer and draft logits in int8.
@@ -54,4 +54,12 @@ if run 5; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --out $OUT/opt-tree-objective-int8-t0 -m opt-tree:budget=8 -m opt-tree:budget=auto \
     -m opt-tree:budget=auto:objective=step
+fi
+
+# 6. DySpec at T = 0 on the final code (after the review that stopped computing draw moments for ordered draws):
+#    budget 8 against auto.
+if run 6; then
+  rm -rf $OUT/dyspec-auto-int8-t0-final
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/dyspec-auto-int8-t0-final -m dyspec:budget=8 -m dyspec:budget=auto
 fi
