@@ -127,6 +127,14 @@ class ModelAdapter:
         """Feed a plain (causal) chunk after the cache; return the last row's logits `[V]`."""
         return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))[-1]
 
+    def feed(self, input_ids: torch.Tensor) -> torch.Tensor | LazyLogits:
+        """Feed a plain chunk after the cache; the last row's logits on demand (`LazyLogits` of one row:
+        nothing computed unless read, its greedy token screened), or `[1, V]` logits where the model's
+        head does not allow it."""
+        if self.head.supported:
+            return LazyLogits(self.hidden_forward(input_ids)[-1:], self.head)
+        return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))
+
     def tree_forward(self, tree: TokenTree, lazy: bool = False) -> torch.Tensor | LazyLogits:  # [N, V]
         """Feed every tree node (root first) with tree attention; return logits for all nodes.
 

@@ -27,6 +27,7 @@ from .adapter import ModelAdapter
 from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import READ_ROWS, CostCurve, cost_curve_for
+from .lm_head import greedy_token
 from .long_run import LongRunRate
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
@@ -134,7 +135,7 @@ class SpeculativeDecoder:
         stop = None
         try:
             if len(prompt_ids) > 1:
-                self.target.prefill(torch.tensor(prompt_ids[:-1]))
+                self.target.feed(torch.tensor(prompt_ids[:-1]))  # no LM-head row: the root is fed with the tree
                 if features:
                     self.drafter.observe(self.target.last_hidden)
             while stop is None:
@@ -222,16 +223,16 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
                                 config={"builder": "autoregressive"})
 
     try:
-        logits = target.prefill(torch.tensor(prompt_ids))
+        logits = target.feed(torch.tensor(prompt_ids))  # the last row's logits, computed as read
         while stop is None:
             t0 = clock(target.device)
-            token = sample(probs_from_logits(logits, cfg.sampling), gen) if not cfg.sampling.greedy else int(logits.argmax())
+            token = greedy_token(logits, 0) if cfg.sampling.greedy else sample(probs_from_logits(logits[0], cfg.sampling), gen)
             new, stop = _finish([token], out, cfg)
             out += new
             if on_tokens is not None:
                 on_tokens(new)
             if stop is None:
-                logits = target.prefill(torch.tensor([token]))
+                logits = target.feed(torch.tensor([token]))
             t1 = clock(target.device)
             steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
                                    build_time=0.0, verify_time=t1 - t0, other_time=0.0))

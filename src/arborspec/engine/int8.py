@@ -44,10 +44,15 @@ SMOOTH_ALPHA = 0.5
 _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
 
 
+def weight_scales(weight: torch.Tensor) -> torch.Tensor:
+    """Per output channel, the int8 weight scale max|w| / 63 (float64, as fbgemm's packed weight keeps it)."""
+    return (weight.detach().float().cpu().abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
+
+
 def pack_int8_weight(weight: torch.Tensor):
     """fbgemm's packed int8 weight: per output channel, scale max|w| / 63."""
     w = weight.detach().float().cpu()
-    scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
+    scale = weight_scales(w)
     with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
         warnings.simplefilter("ignore")
         qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)

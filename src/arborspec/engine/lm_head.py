@@ -12,10 +12,17 @@ hidden rows into logits:
   1 GiB; it costs that much memory once), several rows by `F.linear` (same weights,
   same float32 math up to summation order);
 * `LazyLogits`: indexable like a `[N, V]` logits tensor; row i is computed on first
-  access and kept. The verifiers only ever index single rows.
+  access and kept. The verifiers only ever index single rows;
+* `GreedyScreen` (temperature 0; `LazyLogits.argmax`): the argmax of a row without its
+  full float32 logits. An int8 copy of the head gives every logit up to a bound proven
+  per token from the two quantisation steps; only the tokens whose interval reaches the
+  best lower bound (a handful) get their float32 logit, and the largest of those wins.
+  The true argmax is always among them, so the token is the one the full float32 row
+  gives, up to float32 summation order as above (docs/algorithms.md §7).
 
-Plain decoding (the baseline) goes through the same single-row product, so every
-speedup is measured against a baseline that got the same improvement.
+Plain decoding (the baseline) goes through the same single-row product and the same screen,
+so every speedup is measured against a baseline that got the same improvement, and a tree's
+greedy verdicts are the plain decoder's bit for bit.
 
 Only heads whose logits are exactly `lm_head(hidden)` qualify (an `nn.Linear`, no
 final soft-capping or logit scaling in the model's config) and whose weights are in
@@ -31,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.timing import clock
+from .int8 import ACT_LEVELS, ACT_ZERO, WEIGHT_LEVELS, pack_int8_weight, weight_scales
 
 MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
 # config attributes that make a causal LM's logits differ from lm_head(hidden)
@@ -40,6 +48,82 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 def placed(head: torch.nn.Module) -> bool:
     """A head under an accelerate hook (device map) or with its weight on `meta`: only its own forward is safe."""
     return getattr(head, "_hf_hook", None) is not None or head.weight.device.type == "meta"
+
+
+class GreedyScreen:
+    """`argmax(h W^T)` for one hidden row from an int8 screen plus a few float32 rows (module doc).
+
+    The row's `OUTLIERS` largest channels go through float32 (against the transposed copy of the
+    head: k contiguous rows); the rest is quantised per row (scale s_h, 8 bits) and multiplied with
+    the weights in int8 per channel (7 bits, `engine/int8.py`) with integer sums. For token v the
+    screen's logit then differs from the exact `h . w_v` by at most (Cauchy-Schwarz, twice)
+
+        |h - h^|_2 |w_v|_2 + |h^|_2 |w_v - w^_v|_2   (+ float32 rounding: 2 H 2^-24 |h|_2 |w_v|_2)
+
+    where h^ is the quantised rest of the row (computed exactly, in float64) and w_v - w^_v the
+    known rounding of the weights (norms precomputed per token); the two quantisation terms are
+    widened by 0.1 %. Every token whose upper bound reaches the best lower bound is a candidate,
+    and the exact argmax always is one (on SmolLM2's answers: 3 of 49152 at the median). The
+    candidates get `h . w_v` in float32; the first largest wins (`torch.argmax`'s rule: ids in order).
+    """
+
+    OUTLIERS = 16  # channels of the row kept in float32: the final norm's few huge channels would
+    # otherwise set the row's quantisation scale (with none kept, ~1300 candidates at the median)
+
+    def __init__(self, weight: torch.Tensor, weight_t: torch.Tensor) -> None:  # [V, H] float32 CPU; its [H, V] copy
+        self.weight, self.weight_t = weight.detach(), weight_t
+        self.packed = pack_int8_weight(self.weight)
+        w = self.weight.double()
+        scales = weight_scales(self.weight)  # s_v, as packed
+        rounding = w - torch.round(w / scales[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) * scales[:, None]
+        self.norm_w = w.norm(dim=1).float()  # |w_v|_2
+        self.norm_err = rounding.norm(dim=1).float()  # |w_v - w^_v|_2
+        self.hidden_size, self.vocab_size = self.weight.shape[1], self.weight.shape[0]
+        self.candidates = 0  # float32 rows computed so far (statistics and tests)
+
+    def bounds(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Screen logits `[V]` and their error bounds `[V]` for one float32 row `[1, H]`."""
+        k = min(self.OUTLIERS, self.hidden_size)
+        keep = row[0].abs().topk(k).indices
+        rest = row.clone()
+        rest[0, keep] = 0.0
+        scale = max(float(rest.abs().max()), 1e-30) / ACT_LEVELS
+        x = rest / scale  # what the kernel rounds (to 8 bits around zero point 128, as int8_rows_linear)
+        approx = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, 1.0, ACT_ZERO, self.packed)[0]
+        approx = approx * scale + (row[:, keep] @ self.weight_t[keep])[0]
+        xd = x[0].double()
+        rounded = torch.round(xd)
+        norm_h = float(row.double().norm())
+        gap = scale * float((xd - rounded).norm()) + 2.0 ** -24 * norm_h  # |h - h^|_2 over the quantised channels
+        norm_hat = scale * float(rounded.norm())  # |h^|_2
+        per_w = 1.001 * gap + 2 * self.hidden_size * 2.0 ** -24 * norm_h
+        return approx, torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat)
+
+    def argmax(self, hidden: torch.Tensor) -> int | None:
+        """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let the full row decide)."""
+        row = hidden.reshape(1, -1).float()
+        approx, bound = self.bounds(row)
+        floor = (approx - bound).max()
+        cand = torch.nonzero(approx + bound >= floor)[:, 0]
+        if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
+            return None
+        self.candidates += cand.numel()
+        if cand.numel() == 1:
+            return int(cand[0])
+        exact = torch.mv(self.weight.index_select(0, cand), row[0])
+        return int(cand[int(exact.argmax())])
+
+
+def screen_for(weight: torch.Tensor | None, weight_t: torch.Tensor | None, bias: torch.Tensor | None) -> GreedyScreen | None:
+    """A greedy screen for a float32 CPU head without bias, with its transposed copy (fbgemm's int8 kernels);
+    else None (the full row decides)."""
+    if weight is None or weight_t is None or bias is not None or weight.device.type != "cpu" \
+            or weight.dtype != torch.float32:
+        return None
+    try:
+        return GreedyScreen(weight, weight_t)
+    except RuntimeError:  # no fbgemm int8 kernels in this build
+        return None
 
 
 class HeadRows:
@@ -56,6 +140,7 @@ class HeadRows:
         w = self.weight
         small = w is not None and w.numel() * w.element_size() <= MAX_TRANSPOSED_BYTES
         self.weight_t = w.detach().t().contiguous() if small and w.device.type == "cpu" else None
+        self.screen = screen_for(w, self.weight_t, self.bias)  # temperature 0: argmax without the full row (module doc)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[K, H]` hidden -> `[K, V]` float32 logits."""
@@ -67,6 +152,11 @@ class HeadRows:
             out = F.linear(hidden, self.weight, self.bias)
         return out.float()
 
+    def greedy(self, hidden: torch.Tensor) -> int:
+        """The argmax token of one hidden row `[1, H]` (the screen where there is one)."""
+        token = self.screen.argmax(hidden) if self.screen is not None else None
+        return token if token is not None else int(self.logits(hidden)[0].argmax())
+
 
 class LazyLogits:
     """`[N, V]` logits of a tree forward, computed row by row on first access (`logits[i]` -> `[V]`)."""
@@ -74,6 +164,7 @@ class LazyLogits:
     def __init__(self, hidden: torch.Tensor, head: HeadRows) -> None:
         self.hidden, self.head = hidden, head  # hidden: [N, H]
         self.rows: dict[int, torch.Tensor] = {}
+        self.best: dict[int, int] = {}
         self.seconds = 0.0  # spent computing rows (the step statistics count it as verification)
 
     def __len__(self) -> int:
@@ -89,3 +180,19 @@ class LazyLogits:
             self.rows[i] = self.head.logits(self.hidden[i: i + 1])[0]
             self.seconds += clock(self.hidden.device) - t0
         return self.rows[i]
+
+    @torch.inference_mode()
+    def argmax(self, i: int) -> int:
+        """Row i's greedy token, through `HeadRows.greedy` (never from a row computed for sampling: the
+        same function as plain decoding's, so the verdicts match it bit for bit)."""
+        i = int(i) % len(self)
+        if i not in self.best:
+            t0 = clock(self.hidden.device)
+            self.best[i] = self.head.greedy(self.hidden[i: i + 1])
+            self.seconds += clock(self.hidden.device) - t0
+        return self.best[i]
+
+
+def greedy_token(logits, i: int) -> int:
+    """Row i's argmax token of `LazyLogits` (screened) or of a plain `[N, V]` logits tensor."""
+    return logits.argmax(i) if isinstance(logits, LazyLogits) else int(logits[i].argmax())

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from ..errors import ArborError
+from .lm_head import greedy_token
 from .sampling import SamplingConfig, generator_device, probs_from_logits, sample
 from .tree import TokenTree
 
@@ -59,14 +60,6 @@ def _walk(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, gen
             return VerifyResult(accepted, token)
         accepted.append(child)
         node = child
-
-
-def _greedy_rule(probs, tree, node, generator):
-    best = int(probs.argmax())
-    for child in tree.children[node]:
-        if tree.tokens[child] == best:
-            return child, best
-    return None, best
 
 
 def _match_rule(probs, tree, node, generator):
@@ -114,7 +107,16 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
 
 
 def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
-    return _walk(tree, target_logits, SamplingConfig(0.0), generator, _greedy_rule)
+    """Descend while a child holds the target's argmax token; that token is the bonus where none does.
+    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too."""
+    node, accepted = 0, []
+    while True:
+        best = greedy_token(target_logits, node)
+        child = next((c for c in tree.children[node] if tree.tokens[c] == best), None)
+        if child is None:
+            return VerifyResult(accepted, best)
+        accepted.append(child)
+        node = child
 
 
 def sample_match(tree, target_logits, cfg, generator=None) -> VerifyResult:
