@@ -1,6 +1,7 @@
 """The draft head's own precision, A/B in one process: float layers against int8 layers (docs/algorithms.md §6).
 
     .venv/bin/python benchmarks/head_precision_ab.py --dtype int8 --temperature 0 --out benchmarks/head-precision-ab-t0.json
+    .venv/bin/python benchmarks/head_precision_ab.py --versions OLD_DIR NEW_DIR --out ...   # two heads instead
 
 Both heads draft with int8 draft-vocabulary logits; the second also runs `fc` and its decoder layer in int8
 (`DraftHead.quantize_layers`, the CPU default since the ninth session). Per prompt, plain decoding, the float-layer
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/head-precision-ab.json")
+    ap.add_argument("--versions", nargs=2, metavar=("OLD", "NEW"),
+                    help="instead: two head directories, both with int8 layers and logits (e.g. the previous shipped head)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     budget = int(args.budget) if args.budget.isdigit() else args.budget
@@ -47,6 +50,9 @@ def main() -> None:
     head_dir = resolve_head_dir("embedded-head")
     heads = {"float layers": load_head(head_dir, target.model, parse_dtype(args.dtype), int8_logits=True),
              "int8 layers": load_head(head_dir, target.model, parse_dtype(args.dtype), int8_logits=True, int8_layers=True)}
+    if args.versions:
+        heads = {name: load_head(path, target.model, parse_dtype(args.dtype), int8_logits=True, int8_layers=True)
+                 for name, path in zip(("old head", "new head"), args.versions)}
     decoders = {name: SpeculativeDecoder(target, HeadDrafter(head), builder) for name, head in heads.items()}
     sample = args.temperature > 0
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, seed=0, eos_token_ids=eos_ids(pair.tokenizer, target.model),
