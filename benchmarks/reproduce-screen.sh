@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Reproduce the tenth session's figures: the greedy screen (the target's argmax at T = 0 without its full float32
-# LM-head row, docs/algorithms.md §7) A/B in one process, and the int8 target at T = 0 with it (plain decoding gets
-# it too). Run from the repository root after `make setup`, on an otherwise idle machine (2 cores), ~20 min.
-# STEPS="1" runs one step.
+# LM-head row, docs/algorithms.md §7) A/B in one process; the stage-6 draft head (its model card) against the
+# previous one; and the int8 target at T = 0 and 0.6 with both (plain decoding gets the screen too). Run from the
+# repository root after `make setup`, on an otherwise idle machine (2 cores), ~40 min. STEPS="1" runs one step.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
 OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"1 2"}
+STEPS=${STEPS:-"0 1 2 3 4"}
 run() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# 0. Held-out quality and cost of the shipped (stage-6) head as CPU pairs run it: layer and draft logits in int8.
+if run 0; then
+  $P -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \
+    --work-dir runs/head/heldout --int8-logits --int8-layers --out $OUT/head-quality-s10.json
+fi
 
 # 1. The screen off (every greedy token from the full float32 row) and on, interleaved per prompt in one process:
 #    plain int8 decoding and DySpec 8 with the draft head, outputs checked identical.
@@ -26,4 +32,23 @@ if run 2; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --compare-hf-assisted --out $OUT/int8-head-mtbench-t0-s10 -m dyspec:budget=8 -m dyspec:budget=auto \
     -m opt-tree:budget=8 -m opt-tree:budget=auto
+fi
+
+# 3. The stage-6 head against the stage-5 head (the previous shipped one, from git), interleaved per prompt in one
+#    process: DySpec 8, int8 target, T = 0, outputs checked identical to plain decoding.
+if run 3; then
+  OLD=runs/head5-shipped
+  mkdir -p $OLD
+  git show 63d8f4e:src/arborspec/assets/smollm2-head/head.safetensors > $OLD/head.safetensors
+  git show 63d8f4e:src/arborspec/assets/smollm2-head/head.json > $OLD/head.json
+  $P benchmarks/head_precision_ab.py --dtype int8 --temperature 0 --num-prompts $MT --max-new-tokens $N \
+    --versions $OLD src/arborspec/assets/smollm2-head --out $OUT/head-version-ab-t0.json
+fi
+
+# 4. The int8 target, T = 0.6 (seed 0): DySpec and OPT-Tree at budget 8 and auto.
+if run 4; then
+  rm -rf $OUT/int8-head-mtbench-t06-s10
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0.6 --threads 2 \
+    --out $OUT/int8-head-mtbench-t06-s10 -m dyspec:budget=8 -m dyspec:budget=auto -m opt-tree:budget=8 \
+    -m opt-tree:budget=auto
 fi
