@@ -65,8 +65,9 @@ def main() -> None:
             seconds[name] += time.perf_counter() - t0
             tokens[name] += len(out.output_ids)
             accepted[name].append(out.mean_accepted_length)
-            reference = reference or out.output_ids
-            if out.output_ids != reference:
+            if reference is None:
+                reference = out.output_ids
+            elif out.output_ids != reference:
                 raise SystemExit(f"{name}: output differs from plain decoding with the screen off (prompt {ids[:8]}...)")
     head_rows.screen = screen
     per_token = {name: seconds[name] / tokens[name] for name in names}

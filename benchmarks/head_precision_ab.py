@@ -48,11 +48,13 @@ def main() -> None:
     pair = load_pair("embedded", "ngram", dtype=args.dtype)  # the target; the heads are loaded below
     target, builder = pair.target, make_builder(args.method, budget=budget)
     head_dir = resolve_head_dir("embedded-head")
-    heads = {"float layers": load_head(head_dir, target.model, parse_dtype(args.dtype), int8_logits=True),
-             "int8 layers": load_head(head_dir, target.model, parse_dtype(args.dtype), int8_logits=True, int8_layers=True)}
+    dtype = parse_dtype(args.dtype)
     if args.versions:
-        heads = {name: load_head(path, target.model, parse_dtype(args.dtype), int8_logits=True, int8_layers=True)
+        heads = {name: load_head(path, target.model, dtype, int8_logits=True, int8_layers=True)
                  for name, path in zip(("old head", "new head"), args.versions)}
+    else:
+        heads = {"float layers": load_head(head_dir, target.model, dtype, int8_logits=True),
+                 "int8 layers": load_head(head_dir, target.model, dtype, int8_logits=True, int8_layers=True)}
     decoders = {name: SpeculativeDecoder(target, HeadDrafter(head), builder) for name, head in heads.items()}
     sample = args.temperature > 0
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, seed=0, eos_token_ids=eos_ids(pair.tokenizer, target.model),

@@ -9,7 +9,7 @@ P=.venv/bin/python
 OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"0 1 2 3 4"}
+STEPS=${STEPS:-"0 1 2 3 4 5"}
 run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped (stage-6) head as CPU pairs run it: layer and draft logits in int8.
@@ -51,4 +51,16 @@ if run 4; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0.6 --threads 2 \
     --out $OUT/int8-head-mtbench-t06-s10 -m dyspec:budget=8 -m dyspec:budget=auto -m opt-tree:budget=8 \
     -m opt-tree:budget=auto
+fi
+
+# 5. Before/after of the whole change with `arborspec bench` (plain int8 decoding interleaved per prompt with DySpec 8,
+#    T = 0, 10 x 128): "before" runs ccfd27a's code (no screen, stage-5 head) from a scratch worktree, "after" this code.
+if run 5; then
+  rm -rf $OUT/screen-before-after /tmp/arborspec-before
+  git worktree add -f /tmp/arborspec-before ccfd27a
+  PYTHONPATH=/tmp/arborspec-before/src $A bench --dtype int8 --prompts mt-bench --num-prompts ${BA:-10} --max-new-tokens $N \
+    --temperatures 0 --threads 2 -m dyspec:budget=8 --out $OUT/screen-before-after/before
+  git worktree remove --force /tmp/arborspec-before
+  $A bench --dtype int8 --prompts mt-bench --num-prompts ${BA:-10} --max-new-tokens $N --temperatures 0 --threads 2 \
+    -m dyspec:budget=8 --out $OUT/screen-before-after/after
 fi

@@ -125,7 +125,7 @@ class ModelAdapter:
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a plain (causal) chunk after the cache; return the last row's logits `[V]`."""
-        return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))[-1]
+        return self.feed(input_ids)[0]
 
     def feed(self, input_ids: torch.Tensor) -> torch.Tensor | LazyLogits:
         """Feed a plain chunk after the cache; the last row's logits on demand (`LazyLogits` of one row:

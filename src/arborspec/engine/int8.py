@@ -59,12 +59,18 @@ def pack_int8_weight(weight: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
+def int8_rows_product(rows: torch.Tensor, packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with integer sums
+    `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`, the scales `[N, 1]`)."""
+    scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
+    scaled = rows / scale
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(scaled, 1.0, ACT_ZERO, packed)
+    return y.mul_(scale), scaled, scale
+
+
 def int8_rows_linear(x: torch.Tensor, packed, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products summed in integers."""
-    rows = x.reshape(-1, x.shape[-1]).float()
-    scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
-    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / scale, 1.0, ACT_ZERO, packed)
-    y.mul_(scale)
+    y = int8_rows_product(x.reshape(-1, x.shape[-1]).float(), packed)[0]
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], out_features).to(x.dtype)

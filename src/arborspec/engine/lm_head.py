@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.timing import clock
-from .int8 import ACT_LEVELS, ACT_ZERO, WEIGHT_LEVELS, pack_int8_weight, weight_scales
+from .int8 import WEIGHT_LEVELS, int8_rows_product, pack_int8_weight, weight_scales
 
 MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
 # config attributes that make a causal LM's logits differ from lm_head(hidden)
@@ -78,7 +78,7 @@ class GreedyScreen:
         rounding = w - torch.round(w / scales[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) * scales[:, None]
         self.norm_w = w.norm(dim=1).float()  # |w_v|_2
         self.norm_err = rounding.norm(dim=1).float()  # |w_v - w^_v|_2
-        self.hidden_size, self.vocab_size = self.weight.shape[1], self.weight.shape[0]
+        self.hidden_size = self.weight.shape[1]
         self.candidates = 0  # float32 rows computed so far (statistics and tests)
 
     def bounds(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,10 +87,9 @@ class GreedyScreen:
         keep = row[0].abs().topk(k).indices
         rest = row.clone()
         rest[0, keep] = 0.0
-        scale = max(float(rest.abs().max()), 1e-30) / ACT_LEVELS
-        x = rest / scale  # what the kernel rounds (to 8 bits around zero point 128, as int8_rows_linear)
-        approx = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, 1.0, ACT_ZERO, self.packed)[0]
-        approx = approx * scale + (row[:, keep] @ self.weight_t[keep])[0]
+        approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
+        approx = approx[0] + (row[:, keep] @ self.weight_t[keep])[0]
+        scale = float(scale)
         xd = x[0].double()
         rounded = torch.round(xd)
         norm_h = float(row.double().norm())
