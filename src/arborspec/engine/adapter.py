@@ -15,10 +15,8 @@ LM head under accelerate's hooks is left to the model's own forward (engine/lm_h
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
 from ..errors import ArborError
+from .kv_cache import CACHE_LAYERS, new_cache
 from .lm_head import HeadRows, LazyLogits
 from .placement import execution_device
 from .tree import TokenTree, additive_mask
@@ -39,7 +37,7 @@ class ModelAdapter:
         self.device = execution_device(model)  # not model.device: `meta` when the first weights are offloaded
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model)
         self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
         self._hook = None
         self.head = HeadRows(model)  # logits from hidden rows (engine/lm_head.py); else the model's own logits
@@ -86,7 +84,7 @@ class ModelAdapter:
         return self.cache.get_seq_length()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model)
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
@@ -183,7 +181,7 @@ class ModelAdapter:
             self.cache.crop(-drop)
 
     def _check_cache_layout(self) -> None:
-        if not all(type(layer) is DynamicLayer for layer in self.cache.layers):
+        if not all(type(layer) in CACHE_LAYERS for layer in self.cache.layers):
             raise ArborError(
                 f"{type(self.model).__name__} uses a sliding-window or otherwise special KV cache; "
                 "arborspec supports full-attention causal LMs (Llama, Qwen2, Mistral without sliding window, ...)"
