@@ -636,3 +636,35 @@ def test_growth_rule_prices_a_node_at_the_cheapest_average_cost_of_growing():
     assert not rule.worth_forward(0, 0.25, 1, 0) and rule.worth_forward(0, 0.61, 1, 0)
     step = GrowthRule(curve, None, 4)  # the step's own rate: the exchange is the best rate so far, 1 / 1
     assert step.price(0, 0) == pytest.approx(0.7 / 3)
+
+
+def test_a_run_of_slowed_down_steps_does_not_decide_the_slopes_and_no_tree_halves_them():
+    """A quarter of the steps slowed down several-fold (another process on the machine) must not be charged to
+    the committed tokens: the fit minimises absolute deviations and recovers the undisturbed costs; least
+    squares on the same steps charges the tokens far more. A generation that built no tree halves the slopes."""
+    from arborspec.engine.cost import READ_ROWS, least_absolute_deviations
+    from arborspec.engine.stats import StepStats
+
+    curve = CostCurve((1, 2, 4, 8), (1.0, 1.5, 1.6, 1.8), 0.04, 0.1)
+    o, d, a = 0.1, 0.05, 0.06
+    shapes = [(3, 1, 1), (3, 1, 2), (5, 2, 2), (5, 2, 3), (7, 3, 3), (7, 3, 4), (7, 1, 1), (4, 2, 1), (6, 3, 2)] * 4
+
+    def step(size, forwards, accepted, slow=1.0):
+        seconds = 0.04 * slow * (curve.t(size + 1) + forwards * 0.1 + o + d * forwards + a * (accepted - READ_ROWS))
+        return StepStats(accepted_length=accepted, tree_size=size, tree_depth=forwards, estimated_length=1.0,
+                         draft_time=0.0, build_time=0.0, verify_time=seconds, other_time=0.0, draft_forwards=forwards)
+
+    # the last quarter slowed down 2-6x, the slower the more tokens it committed (as a disturbed tail can be)
+    steps = [step(*x) for x in shapes[:27]] + [step(n, f, k, slow=2.0 + k) for n, f, k in shapes[27:]]
+    learnt = curve.with_overhead_of(steps)
+    assert (learnt.draft_overhead, learnt.token_cost) == pytest.approx((d, a), abs=1e-6)
+    rows = torch.tensor([[1.0, s.draft_forwards, s.accepted_length - READ_ROWS] for s in steps], dtype=torch.float64)
+    gaps = torch.tensor([[(s.verify_time / 0.04) - curve.t(s.tree_size + 1) - s.draft_forwards * 0.1] for s in steps],
+                        dtype=torch.float64)
+    assert torch.linalg.lstsq(rows, gaps).solution[2, 0] > 5 * a  # what least squares would have learnt
+    assert least_absolute_deviations(rows, gaps)[2] == pytest.approx(a, abs=1e-6)
+    plain = StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
+                      build_time=0.0, verify_time=0.04, other_time=0.0, draft_forwards=1)
+    halved = learnt.with_overhead_of([plain] * 10)
+    assert (halved.draft_overhead, halved.token_cost) == pytest.approx((d / 2, a / 2))
+    assert learnt.with_overhead_of([]) == learnt

@@ -108,19 +108,28 @@ class CostCurve:
 
             step_overhead + draft_overhead x forwards + token_cost x (accepted tokens - READ_ROWS)
 
-        and fitted by least squares over the generation's steps when it has at least `MIN_FIT` of them with at
+        and fitted over the generation's steps when it has at least `MIN_FIT` of them with at
         least two different numbers of forwards and of accepted tokens (else the two slopes are kept and only the
         overhead is learnt). Both slopes are needed: a step that pays more forwards grows a deeper tree and
         commits more tokens, and every committed token costs time of its own (the verifier's LM-head row for it,
         cache compaction, the draft catching up), so a fit on forwards alone charges them to the forwards.
         Slopes are never below 0 (a negative one is dropped and the rest refitted); `step_overhead` is then the
-        median over steps of what the slopes leave, never below 0. Steps without a tree (plain decoding) are
-        ignored; none: the curve is returned unchanged."""
+        median over steps of what the slopes leave, never below 0.
+
+        The fit minimises absolute, not squared, deviations: a run of steps the machine slowed down (another
+        process, memory pressure) would otherwise decide the slopes (one such generation once taught a committed
+        token to cost half a forward, and every later tree shrank to nothing; docs/algorithms.md §7). Steps
+        without a tree (plain decoding) are ignored; a generation that built no tree at all learnt nothing about
+        the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them."""
         rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS),
                  (s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
                  - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost) for s in steps if s.tree_size > 0]
         if not rows:
-            return self
+            return replace(self, draft_overhead=self.draft_overhead / 2, token_cost=self.token_cost / 2) if steps else self
+        return replace(self, **self._fit(rows))
+
+    def _fit(self, rows: list[tuple[float, float, float]]) -> dict[str, float]:
+        """The overhead and the two slopes of `with_overhead_of` from rows (forwards, tokens - READ_ROWS, gap)."""
         slopes = {"draft_overhead": self.draft_overhead, "token_cost": self.token_cost}
         if len(rows) >= MIN_FIT:
             columns = {"draft_overhead": [r[0] for r in rows], "token_cost": [r[1] for r in rows]}
@@ -128,14 +137,14 @@ class CostCurve:
             while free:
                 x = torch.tensor([[1.0] + [columns[n][k] for n in free] for k in range(len(rows))], dtype=torch.float64)
                 y = torch.tensor([[r[2]] for r in rows], dtype=torch.float64)
-                fit = torch.linalg.lstsq(x, y).solution[1:, 0].tolist()
+                fit = least_absolute_deviations(x, y)[1:].tolist()
                 if min(fit) >= 0:
                     slopes.update(zip(free, fit))
                     break
                 dropped = free.pop(fit.index(min(fit)))
                 slopes[dropped] = 0.0
         overhead = statistics.median(g - slopes["draft_overhead"] * f - slopes["token_cost"] * a for f, a, g in rows)
-        return replace(self, step_overhead=max(0.0, overhead), **slopes)
+        return {"step_overhead": max(0.0, overhead), **slopes}
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -146,6 +155,19 @@ class CostCurve:
                    float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)),
                    float(data.get("step_overhead", 0.0)), float(data.get("draft_overhead", 0.0)),
                    float(data.get("token_cost", 0.0)))
+
+
+def least_absolute_deviations(x: torch.Tensor, y: torch.Tensor, rounds: int = 50) -> torch.Tensor:
+    """The `b` minimising sum |y - x b| (`x [n, k]`, `y [n, 1]`, float64), by iteratively reweighted least squares
+    from the least-squares solution; exact data is fitted exactly."""
+    b = torch.linalg.lstsq(x, y).solution
+    for _ in range(rounds):
+        weights = (y - x @ b).abs().clamp_min(1e-6).rsqrt()
+        nb = torch.linalg.lstsq(x * weights, y * weights).solution
+        if torch.allclose(nb, b, rtol=0.0, atol=1e-9):
+            break
+        b = nb
+    return b[:, 0]
 
 
 def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:
