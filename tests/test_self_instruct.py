@@ -53,6 +53,22 @@ def test_queries_are_the_closed_user_messages_the_model_samples(chat_tokenizer):
     assert 0 < len(queries) < 24  # the closed ones kept, the unclosed ones dropped
 
 
+def test_openings_start_each_message_with_the_seeds_choice_and_the_model_writes_the_rest(chat_tokenizer):
+    import random
+
+    from arborspec.offline.self_instruct import OPENINGS
+
+    model = tiny_llama(3)
+    end = chat_tokenizer.convert_tokens_to_ids("i")  # closes about half of this model's rows within 24 tokens
+    queries = write_queries(model, chat_tokenizer, 24, seed=5, end_ids={end}, max_tokens=24, openings=True)
+    assert queries == write_queries(model, chat_tokenizer, 24, seed=5, end_ids={end}, max_tokens=24, openings=True)
+    rng = random.Random(5)
+    starts = iter([rng.choice(OPENINGS) for _ in range(24)])
+    for q in queries:  # the kept messages, in order, each begun by its row's opening and continued by the model
+        assert any(q.startswith(s) and len(q) > len(s) for s in starts)
+    assert len({q.split()[0] for q in queries}) > 3  # several openings in one batch
+
+
 def test_self_instructed_shards_hold_template_prompts_and_answers(chat_tokenizer, tmp_path):
     model = tiny_llama(4)
     cfg = HeadDataConfig(prompt_source="self-instruct", num_prompts=8, batch_size=4, max_new_tokens=5,

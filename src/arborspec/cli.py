@@ -403,6 +403,7 @@ def train_head(
     data_time_budget_s: float = typer.Option(0.0, "--data-time-budget-s", help="stop generating data after this (0 = no limit)"),
     skip_data: bool = typer.Option(False, "--skip-data", help="train on the data shards already in the work dir"),
     self_instruct: int = typer.Option(0, "--self-instruct", help="also N conversations whose user messages the target writes itself (chat-like data; needs a chat template)"),
+    self_instruct_openings: bool = typer.Option(False, "--self-instruct-openings", help="start each self-instructed message with a generic opening (Write, Imagine you are, Explain, ...) that the target continues"),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="FR-Spec: draft only among the K most frequent tokens (0 = all)"),
     epochs: float = typer.Option(2.0, "--epochs"),
     lr: float = typer.Option(2e-3, "--lr"),
@@ -432,7 +433,8 @@ def train_head(
     if self_instruct < 0:
         raise ArborError(f"--self-instruct must be >= 0, got {self_instruct}")
     data = HeadDataConfig(target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                          batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s)
+                          batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s,
+                          query_openings=self_instruct_openings)
     cfg = HeadTrainConfig(target=target, out=str(out), work_dir=str(work_dir or ""), data=data, skip_data=skip_data,
                           self_instruct=self_instruct, draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                           time_budget_s=train_time_budget_s, resume=resume, init_from=str(init_from or ""), seed=seed,

@@ -151,6 +151,7 @@ class HeadDataConfig:
     prompt_source: str = "pool"           # "pool": the built-in pool; "self-instruct": the target writes the prompts
     query_temperature: float = 1.0        # self-instruct: sampling temperature of the user messages
     max_query_tokens: int = 64            # self-instruct: a user message not closed within this is dropped
+    query_openings: bool = False          # self-instruct: start each message with a generic opening (OPENINGS)
 
     def settings(self) -> dict:
         d = asdict(self)
@@ -158,6 +159,8 @@ class HeadDataConfig:
         if self.prompt_source == "pool":  # the pool's settings as they were before self-instruct existed
             for key in ("prompt_source", "query_temperature", "max_query_tokens"):
                 d.pop(key)
+        if not self.query_openings:  # the settings of data made before openings existed
+            d.pop("query_openings")
         return d
 
 
@@ -246,7 +249,8 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
                 sampled = random.Random(cfg.seed * 1_000_003 + b).random() < cfg.sample_fraction
                 if self_instruct:
                     queries = write_queries(model, tokenizer, len(idx), seed=cfg.seed * 104_729 + b, end_ids=eos_set,
-                                            max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature)
+                                            max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature,
+                                            openings=cfg.query_openings)
                     enc = [encode_prompt(tokenizer, q)[-cfg.max_prompt_tokens:] for q in queries]
                 else:
                     enc = [encoded[i] for i in idx]

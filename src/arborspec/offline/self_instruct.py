@@ -11,9 +11,17 @@ read at all, the target writes its own.
 Only queries the model closes within `max_tokens` are kept (an unclosed one is
 usually rambling); each kept query is then answered through the normal chat
 template (`common/chat.py`), exactly as a user's prompt is, by `head_data.py`.
+
+**Openings** (`openings=True`): left alone, the model mostly writes short
+questions. Each message can instead be started with one of `OPENINGS`, generic
+first words of requests of many kinds (writing, role-play, explanation,
+advice, reasoning, coding, editing; written for this project, not taken from
+any prompt set), chosen per message by the seed; the model writes the rest.
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -21,6 +29,13 @@ from ..errors import ArborError
 from .generation import pad_token_id
 
 _MARK = "\x00arborspec-user-message\x00"
+
+OPENINGS = (
+    "Write", "Write a short", "Compose", "Draft", "Imagine you are", "Pretend to be", "Act as", "You are",
+    "Describe", "Explain", "Summarize", "Rewrite", "Give me", "Help me", "Can you", "Could you", "What", "Why",
+    "How", "Which", "Suppose", "Create", "List", "Compare", "Tell me", "Plan", "Solve", "Edit", "Brainstorm",
+    "I am", "I need", "Please",
+)
 
 
 def user_turn_prefix(tokenizer) -> list[int]:
@@ -40,20 +55,29 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 @torch.inference_mode()
 def write_queries(model, tokenizer, n: int, seed: int, end_ids: set[int], max_tokens: int = 64,
-                  temperature: float = 1.0) -> list[str]:
-    """Up to `n` user messages sampled from `model` after the user-turn prefix; the unclosed and empty ones are dropped."""
+                  temperature: float = 1.0, openings: bool = False) -> list[str]:
+    """Up to `n` user messages sampled from `model` after the user-turn prefix (and, with `openings`, a first
+    word or two from `OPENINGS` per message); the unclosed and empty ones are dropped."""
     prefix = user_turn_prefix(tokenizer)
-    ids = torch.tensor([prefix] * n, device=model.device)
+    starts = [""] * n
+    if openings:
+        rng = random.Random(seed)
+        starts = [rng.choice(OPENINGS) for _ in range(n)]
+    rows = [prefix + (tokenizer(s, add_special_tokens=False)["input_ids"] if s else []) for s in starts]
+    width, pad = max(map(len, rows)), pad_token_id(tokenizer)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)  # left-padded
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
     torch.manual_seed(seed)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
-                         top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad_token_id(tokenizer))
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                         top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad)
     queries = []
-    for row in out[:, len(prefix):].tolist():
+    for start, row in zip(starts, out[:, width:].tolist()):
         end = next((j for j, t in enumerate(row) if t in end_ids), None)
         if end is None:
             continue
-        text = tokenizer.decode(row[:end], skip_special_tokens=True).strip()
-        if text:
+        text = tokenizer.decode(row[:end], skip_special_tokens=True)
+        text = (start + text if start else text).strip()
+        if text and text != start:
             queries.append(text)
     return queries
 
