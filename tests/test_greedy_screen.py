@@ -108,3 +108,56 @@ def test_no_screen_for_half_precision_heads_or_heads_with_a_bias():
     biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
     model.set_output_embeddings(biased)
     assert HeadRows(model).screen is None
+
+
+def test_screening_rows_together_gives_each_row_its_own_products_and_the_same_tokens():
+    """`GreedyScreen.products` of several rows = each row's own int8 part bit for bit, and `argmax` finished from
+    it = `argmax` alone; a tree verified with the screen ahead on and off gives the same verdicts."""
+    weight, hid = head_and_rows(rows=8)
+    screen = screen_of(weight)
+    rows = hid[:5]
+    together = screen.products(rows)
+    for i, (approx, x, scale) in enumerate(together):
+        alone = screen._int8_part(screen._rest(rows[i: i + 1])[1])[0]
+        assert torch.equal(approx, alone[0]) and torch.equal(x, alone[1]) and torch.equal(scale, alone[2])
+        assert [torch.equal(a, b) for a, b in zip(screen.bounds(rows[i: i + 1], together[i]),
+                                                     screen.bounds(rows[i: i + 1]))] == [True, True]
+        assert screen.argmax(rows[i: i + 1], together[i]) == screen.argmax(rows[i: i + 1])
+
+
+def test_the_greedy_verifier_screens_the_likely_path_ahead_and_keeps_its_verdicts():
+    from arborspec.engine.tree import TokenTree
+    from arborspec.engine.verifiers import SCREEN_AHEAD, greedy
+
+    weight, hid = head_and_rows(rows=8)
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    head.weight.data = weight.clone()
+
+    class Model(torch.nn.Module):
+        config = type("C", (), {})()
+
+        def get_output_embeddings(self):
+            return head
+
+    rows = HeadRows(Model())
+    assert rows.screen is not None
+    full = (hid.double() @ weight.double().t()).argmax(1).tolist()
+    tree = TokenTree.from_root(0)
+    a = tree.add(0, full[0], value=0.9)
+    tree.add(0, full[0] + 1, value=0.1)
+    b = tree.add(a, full[a], value=0.8)
+    tree.add(b, (full[b] + 1) % weight.shape[0], value=0.7)
+    assert tree.likely_path(SCREEN_AHEAD) == [0, a, b][:SCREEN_AHEAD]
+    ahead = LazyLogits(hid[: tree.num_nodes], rows)
+    result = greedy(tree, ahead, None)
+    assert not ahead.screened  # every row screened ahead was read
+    plain = LazyLogits(hid[: tree.num_nodes], rows)
+    want_node, want = 0, []
+    while True:  # the walk, row by row, without screening ahead
+        best = plain.argmax(want_node)
+        child = next((c for c in tree.children[want_node] if tree.tokens[c] == best), None)
+        if child is None:
+            break
+        want.append(child)
+        want_node = child
+    assert (result.accepted, result.bonus) == (want, best) and want == [a, b]
