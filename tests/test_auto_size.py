@@ -668,3 +668,23 @@ def test_a_run_of_slowed_down_steps_does_not_decide_the_slopes_and_no_tree_halve
     halved = learnt.with_overhead_of([plain] * 10)
     assert (halved.draft_overhead, halved.token_cost) == pytest.approx((d / 2, a / 2))
     assert learnt.with_overhead_of([]) == learnt
+
+
+def test_a_decoder_keeps_one_cost_curve_for_greedy_steps_and_one_for_sampled_steps(tiny_pair):
+    """Temperature 0's verifier reads screened argmaxes, sampling's reads full LM-head rows: the curves are timed
+    that way, cached per kind, and what a decoder learns at one temperature does not size the other's trees."""
+    from arborspec.engine.cost import cost_curve_for
+
+    target, draft = tiny_pair
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"))
+    greedy_cfg = DecodeConfig(max_new_tokens=8)
+    sampled_cfg = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.8))
+    dec.generate(PROMPTS[0], greedy_cfg)
+    assert set(dec.curves) == {True}
+    greedy_curve = dec.curves[True]
+    assert greedy_curve.tokens == cost_curve_for(dec.target, dec.drafter, True).tokens
+    dec.generate(PROMPTS[0], sampled_cfg)
+    assert set(dec.curves) == {True, False} and dec.curves[True] is greedy_curve  # untouched by the sampled run
+    assert cost_curve_for(dec.target, dec.drafter, False) is not cost_curve_for(dec.target, dec.drafter, True)
+    out = dec.generate(PROMPTS[1], greedy_cfg)
+    assert out.output_ids == autoregressive_generate(ModelAdapter(target), PROMPTS[1], greedy_cfg).output_ids

@@ -422,7 +422,8 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
               "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
               "target": runner.pair.target_name, "draft": runner.pair.draft_name,
               "draft_logits": _draft_logits(runner.pair.drafter),
-              "cost_curve": cost_curve_for(runner.pair.target, runner.pair.drafter).as_dict(),
+              "cost_curve": cost_curve_for(runner.pair.target, runner.pair.drafter,
+                                           greedy=cfg.temperatures[0] == 0).as_dict(),
               "timestamp": utc_timestamp()}
     if cfg.compare_hf_assisted:
         record["notes"] = [_hf_note(runner)["text"]]

@@ -9,9 +9,10 @@ results header.
 
 `measure_cost_curve` times star-shaped trees (the shape does not change the cost of a
 dense-masked forward) over a cache of random tokens, the way a step runs them (the decoder
-on every row, the LM head on the rows the verifier reads: `READ_ROWS`), and one draft
-forward of one new token. `cost_curve_for` measures once per process and (model, drafter, device, dtype),
-then serves the cached curve. (`drafter` arguments are `engine.contracts.Drafter`s; this
+on every row, the LM head on the rows the verifier reads: `READ_ROWS`; at temperature 0,
+`greedy`, only their screened argmax, after screening the rows the greedy verifier screens
+ahead, engine/lm_head.py), and one draft forward of one new token. `cost_curve_for` measures
+once per process and (model, drafter, device, dtype, greedy), then serves the cached curve. (`drafter` arguments are `engine.contracts.Drafter`s; this
 module does not import the contracts, which import it.)
 """
 
@@ -25,7 +26,9 @@ import torch
 
 from ..common.timing import clock, median_seconds
 from .adapter import ModelAdapter
+from .lm_head import LazyLogits
 from .tree import TokenTree
+from .verifiers import SCREEN_AHEAD
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 TABLE_ROWS = 258  # t() is tabulated for trees of up to 256 nodes + root
@@ -176,8 +179,9 @@ def random_context(vocab_size: int, length: int, seed: int = 0) -> list[int]:
 
 
 def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT_SIZES,
-                         repeats: int = 5) -> tuple[list[int], list[float], float]:
+                         repeats: int = 5, greedy: bool = False) -> tuple[list[int], list[float], float]:
     """t(k) for each k in `sizes`: a k-row tree forward over a cache of `context`; returns (sizes, t(k)/t(1), t(1) s).
+    `greedy`: the verifier's rows are read as temperature 0 reads them (screened argmax), else as full rows.
 
     The sizes are timed round-robin (one untimed round first, then `repeats` timed rounds, median per size),
     so that a slow start (cold caches, allocator growth, another process) spreads over every size instead of
@@ -194,8 +198,14 @@ def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT
 
         def run(tree=tree):
             logits = target.tree_forward(tree, lazy=True)
-            for row in range(min(READ_ROWS, tree.num_nodes)):  # the rows a verifier reads (engine/lm_head.py)
-                logits[row]
+            read = range(min(READ_ROWS, tree.num_nodes))  # the rows a verifier reads (engine/lm_head.py)
+            if greedy and isinstance(logits, LazyLogits):
+                logits.screen_ahead(list(range(min(SCREEN_AHEAD, tree.num_nodes))))
+                for row in read:
+                    logits.argmax(row)
+            else:
+                for row in read:
+                    logits[row]
             clock(target.device)  # wait for the device before the crop
             target.crop_to(past)
 
@@ -239,10 +249,11 @@ def measure_draft_seconds(drafter, context: list[int], repeats: int, target: Mod
 
 
 def measure_cost_curve(target: ModelAdapter, drafter=None, context_len: int = 128,
-                       sizes=DEFAULT_SIZES, repeats: int = 5, seed: int = 0) -> CostCurve:
-    """Time the target over trees of `sizes` rows (and one draft forward) after a random context."""
+                       sizes=DEFAULT_SIZES, repeats: int = 5, seed: int = 0, greedy: bool = False) -> CostCurve:
+    """Time the target over trees of `sizes` rows (and one draft forward) after a random context; `greedy`:
+    the verifier's rows read as at temperature 0."""
     context = random_context(target.vocab_size, context_len + repeats + 2, seed)
-    tokens, relative, one = measure_target_times(target, context[:context_len], sizes, repeats)
+    tokens, relative, one = measure_target_times(target, context[:context_len], sizes, repeats, greedy)
     draft = measure_draft_seconds(drafter, context, repeats, target) / one if drafter is not None else 0.0
     return CostCurve(tuple(tokens), tuple(relative), one, draft, context_len)
 
@@ -250,9 +261,10 @@ def measure_cost_curve(target: ModelAdapter, drafter=None, context_len: int = 12
 _CACHE: dict[tuple, CostCurve] = {}
 
 
-def cost_curve_for(target: ModelAdapter, drafter=None) -> CostCurve:
-    """The cost curve of this target (and drafter), measured on first use in this process."""
-    key = (id(target.model), id(drafter), str(target.device), str(target.dtype))
+def cost_curve_for(target: ModelAdapter, drafter=None, greedy: bool = False) -> CostCurve:
+    """The cost curve of this target (and drafter), measured on first use in this process; `greedy`: of
+    temperature 0's steps, whose verifier reads screened argmaxes instead of full LM-head rows."""
+    key = (id(target.model), id(drafter), str(target.device), str(target.dtype), greedy)
     if key not in _CACHE:
-        _CACHE[key] = measure_cost_curve(target, drafter)
+        _CACHE[key] = measure_cost_curve(target, drafter, greedy=greedy)
     return _CACHE[key]

@@ -91,7 +91,8 @@ class SpeculativeDecoder:
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
                  reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
-        on first use (once per process, `engine/cost.cost_curve_for`), and the step's overhead outside the
+        on first use (once per process, `engine/cost.cost_curve_for`; one curve for temperature 0's steps,
+        whose verifier reads screened argmaxes, one for sampling's, which read full rows), and the step's overhead outside the
         timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
         steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
 
@@ -104,6 +105,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
         self.learn_overhead = cost is None  # a measured curve learns the step's overhead from every generation
+        self.curves: dict[bool, CostCurve] = {}  # greedy or not -> the measured curve with what it has learnt
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
         self.carry = carry
@@ -118,8 +120,9 @@ class SpeculativeDecoder:
         draft_cfg = cfg.sampling.draft_side()
         gen = torch.Generator(device=self.target.device).manual_seed(cfg.seed)
 
-        if self.builder.needs_cost:
-            self.cost = self.cost or cost_curve_for(self.target, self.drafter)
+        if self.builder.needs_cost and self.learn_overhead:  # the curve (and what it learnt) of this kind of step
+            greedy = cfg.sampling.greedy
+            self.cost = self.curves.get(greedy) or cost_curve_for(self.target, self.drafter, greedy)
         previous = self.learnt.get(cfg.sampling) if self.carry else None
         self.acceptance = previous[0].carried() if previous else AcceptanceModel()
         self.long_run = previous[1].carried() if previous else LongRunRate()
@@ -147,7 +150,7 @@ class SpeculativeDecoder:
         result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
             # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
-            self.cost = self.cost.with_overhead_of(steps)
+            self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps)
         return result
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
