@@ -2,14 +2,14 @@
 # Reproduce the eleventh session's figures: screening the greedy verifier's likely rows ahead, the float64 KV cache
 # of the int8 target, the stage-7 draft head, budget=auto with its robust overhead fit and its temperature-0 cost
 # curve, and the int8 target at T = 0 and 0.6 with all of it. Run from the repository root after `make setup`, on an
-# otherwise idle machine (2 cores), ~35 min. STEPS="1" runs one step.
+# otherwise idle machine (2 cores), ~45 min. STEPS="1" runs one step.
 set -euo pipefail
 A=.venv/bin/arborspec
 P=.venv/bin/python
 OUT=benchmarks
 MT=${MT:-20}        # MT-Bench first turns
 N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"0 1 2 3 4 5 6"}
+STEPS=${STEPS:-"0 1 2 3 4 5 6 7 8"}
 PREV=f8ff913        # the tenth session's last commit: the stage-6 head, no screening ahead, transformers' cache
 run() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -79,3 +79,26 @@ if run 6; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     -m dyspec:budget=8 --out $OUT/s11-before-after/after
 fi
+
+# 7. A repeat of step 4's tree methods at budgets 8 and auto (how far two runs of the same code lie apart here).
+if run 7; then
+  rm -rf $OUT/int8-head-mtbench-t0-s11-repeat
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s11-repeat -m dyspec:budget=8 -m dyspec:budget=auto -m opt-tree:budget=8 \
+    -m opt-tree:budget=auto
+fi
+
+# 8. Before/after at T = 0.6 (DySpec 8 and auto), as step 6.
+if run 8; then
+  rm -rf $OUT/s11-before-after-t06 /tmp/arborspec-before
+  git worktree add -f /tmp/arborspec-before $PREV
+  PYTHONPATH=/tmp/arborspec-before/src $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N \
+    --temperatures 0.6 --threads 2 -m dyspec:budget=8 -m dyspec:budget=auto --out $OUT/s11-before-after-t06/before
+  git worktree remove --force /tmp/arborspec-before
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0.6 --threads 2 \
+    -m dyspec:budget=8 -m dyspec:budget=auto --out $OUT/s11-before-after-t06/after
+fi
+
+# The stage-7 data's overlap with the benchmark prompts (runs/head7 from the model card's stage-7 command):
+#   .venv/bin/python -m arborspec.offline.prompt_overlap --data-dir runs/head7/data-self-instruct \
+#     --out benchmarks/self-instruct-overlap-s11.json
