@@ -1,7 +1,6 @@
 """The greedy screen (docs/algorithms.md §7), A/B in one process: full float32 LM-head rows against the screen.
 
     .venv/bin/python benchmarks/greedy_screen_ab.py --dtype int8 --out benchmarks/greedy-screen-ab-int8.json
-    .venv/bin/python benchmarks/greedy_screen_ab.py --dtype int8 --ahead 3 --out benchmarks/screen-ahead-ab-int8.json
 
 Temperature 0 only (sampling reads full rows either way). Per prompt, plain decoding and a tree method run with
 the screen off (every greedy token from the full row, as before the tenth session) and on, one after the other
@@ -9,10 +8,6 @@ on the same loaded target and draft (interleaved, so machine drift hits all four
 token-identical to plain decoding with the screen off. Speedups = seconds per token over all prompts (every new
 token of every generation counted), each against plain decoding *with the same setting*, plus the screen's own
 gain on each.
-
-`--ahead N`: the screen is on in both arms, and what differs is how many rows of the tree's likely path the greedy
-verifier screens in one pass before its walk (`engine/verifiers.SCREEN_AHEAD`): 1 (each row read alone, as in the
-tenth session) against N. Plain decoding reads one row either way and is run once per prompt as the baseline.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from arborspec.builders import make_builder
 from arborspec.common.chat import encode_prompt, eos_ids
 from arborspec.common.jsonfiles import report_json
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
-import arborspec.engine.verifiers as verifiers
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.sampling import sampling_config
 from arborspec.models import load_pair
@@ -42,7 +36,6 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ahead", type=int, default=0, help="compare screening 1 row ahead with N (screen on in both)")
     ap.add_argument("--out", default="benchmarks/greedy-screen-ab.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,10 +50,6 @@ def main() -> None:
                        sampling=sampling_config(False, 1.0, 0, 1.0))
     prompts = [encode_prompt(pair.tokenizer, p.turns[0], True) for p in load_prompts("mt-bench", args.num_prompts)]
     runs = {"plain": lambda ids: autoregressive_generate(target, ids, cfg), args.method: lambda ids: decoder.generate(ids, cfg)}
-    if args.ahead:
-        ahead_ab(args, runs, prompts, head_rows, screen)
-        return
-    verifiers.SCREEN_AHEAD = 1  # the tenth session's verifier: the screen's own gain, nothing else
     names = [f"{kind}, screen {state}" for kind in runs for state in ("off", "on")]
     for name in names:  # warm-up, untimed
         head_rows.screen = screen if name.endswith("on") else None
@@ -90,36 +79,6 @@ def main() -> None:
                   state: round(per_token[f"plain, screen {state}"] / per_token[f"{args.method}, screen {state}"], 3)
                   for state in ("off", "on")},
               "mean_accepted_length": round(statistics.mean(accepted[f"{args.method}, screen on"]), 3),
-              "greedy_identical": True}
-    report_json(result, args.out)
-
-
-def ahead_ab(args, runs, prompts, head_rows, screen) -> None:
-    """Screening 1 row ahead against `args.ahead` (module doc), interleaved per prompt, outputs checked identical."""
-    head_rows.screen = screen
-    arms = {"plain": ("plain", 1), f"{args.method}, ahead 1": (args.method, 1),
-            f"{args.method}, ahead {args.ahead}": (args.method, args.ahead)}
-    for kind, ahead in arms.values():  # warm-up, untimed
-        verifiers.SCREEN_AHEAD = ahead
-        runs[kind](prompts[0])
-    seconds, tokens = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0)
-    for ids in prompts:
-        reference = None
-        for name, (kind, ahead) in arms.items():
-            verifiers.SCREEN_AHEAD = ahead
-            t0 = time.perf_counter()
-            out = runs[kind](ids)
-            seconds[name] += time.perf_counter() - t0
-            tokens[name] += len(out.output_ids)
-            if reference is None:
-                reference = out.output_ids
-            elif out.output_ids != reference:
-                raise SystemExit(f"{name}: output differs from plain decoding")
-    per_token = {name: seconds[name] / tokens[name] for name in arms}
-    result = {"created": utc_timestamp(), "machine": machine_info(), "versions": versions(), "args": vars(args),
-              "ms_per_token": {name: round(1e3 * t, 2) for name, t in per_token.items()},
-              "speedup_vs_plain": {name: round(per_token["plain"] / t, 3) for name, t in per_token.items()},
-              "ahead_gain": round(per_token[f"{args.method}, ahead 1"] / per_token[f"{args.method}, ahead {args.ahead}"], 3),
               "greedy_identical": True}
     report_json(result, args.out)
 

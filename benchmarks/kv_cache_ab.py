@@ -24,7 +24,6 @@ import time
 import torch
 from transformers import DynamicCache
 
-import arborspec.engine.adapter as adapter_module
 from arborspec.bench.prompts import load_prompts
 from arborspec.builders import make_builder
 from arborspec.common.chat import encode_prompt, eos_ids
@@ -56,7 +55,8 @@ def time_forwards(args) -> dict:
                 parent = tree.add(parent if j % 2 else 0, context[j] + 1)
             trees[n] = tree
         for name, adapter in adapters.items():
-            adapter.cache = CACHES[name](model)
+            adapter.new_cache = CACHES[name]
+            adapter.reset()
             adapter.prefill(torch.tensor(context))
         times = {(name, n): [] for name in adapters for n in sizes}
         for round_ in range(args.repeats + 2):
@@ -108,8 +108,7 @@ def main() -> None:
 
     def run(name, ids):
         kind, cache = name.split(", ")
-        adapter_module.new_cache = CACHES[cache.split()[0]]  # what ModelAdapter.reset builds
-        target.reset()
+        target.new_cache = CACHES[cache.split()[0]]  # what the generation's ModelAdapter.reset builds
         return runs[kind](ids)
 
     for name in names:  # warm-up, untimed
@@ -128,7 +127,6 @@ def main() -> None:
                 reference = out.output_ids
             elif greedy and out.output_ids != reference:
                 raise SystemExit(f"{name}: output differs from plain decoding over transformers' cache")
-    adapter_module.new_cache = new_cache
     per_token = {name: seconds[name] / tokens[name] for name in names}
     result = {"created": utc_timestamp(), "machine": machine_info(), "versions": versions(), "args": vars(args),
               "ms_per_token": {name: round(1e3 * t, 2) for name, t in per_token.items()},

@@ -55,8 +55,8 @@ def int8_target():
 
 def _with_dynamic_cache(model) -> ModelAdapter:
     adapter = ModelAdapter(model)
-    adapter.cache = DynamicCache(config=model.config)  # transformers' own float32 layers
-    adapter.reset = lambda: setattr(adapter, "cache", DynamicCache(config=model.config))
+    adapter.new_cache = lambda m: DynamicCache(config=m.config)  # transformers' own float32 layers
+    adapter.reset()
     return adapter
 
 

@@ -37,6 +37,7 @@ class ModelAdapter:
         self.device = execution_device(model)  # not model.device: `meta` when the first weights are offloaded
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.new_cache = new_cache  # model -> an empty cache (engine/kv_cache.py); benchmarks may swap it
         self.cache = new_cache(model)
         self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
         self._hook = None
@@ -84,7 +85,7 @@ class ModelAdapter:
         return self.cache.get_seq_length()
 
     def reset(self) -> None:
-        self.cache = new_cache(self.model)
+        self.cache = self.new_cache(self.model)
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()

@@ -10,8 +10,7 @@ results header.
 `measure_cost_curve` times star-shaped trees (the shape does not change the cost of a
 dense-masked forward) over a cache of random tokens, the way a step runs them (the decoder
 on every row, the LM head on the rows the verifier reads: `READ_ROWS`; at temperature 0,
-`greedy`, only their screened argmax, after screening the rows the greedy verifier screens
-ahead, engine/lm_head.py), and one draft forward of one new token. `cost_curve_for` measures
+`greedy`, only their screened argmax, engine/lm_head.py), and one draft forward of one new token. `cost_curve_for` measures
 once per process and (model, drafter, device, dtype, greedy), then serves the cached curve. (`drafter` arguments are `engine.contracts.Drafter`s; this
 module does not import the contracts, which import it.)
 """
@@ -26,9 +25,8 @@ import torch
 
 from ..common.timing import clock, median_seconds
 from .adapter import ModelAdapter
-from .lm_head import LazyLogits
+from .lm_head import greedy_token
 from .tree import TokenTree
-from .verifiers import SCREEN_AHEAD
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 TABLE_ROWS = 258  # t() is tabulated for trees of up to 256 nodes + root
@@ -198,14 +196,8 @@ def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT
 
         def run(tree=tree):
             logits = target.tree_forward(tree, lazy=True)
-            read = range(min(READ_ROWS, tree.num_nodes))  # the rows a verifier reads (engine/lm_head.py)
-            if greedy and isinstance(logits, LazyLogits):
-                logits.screen_ahead(list(range(min(SCREEN_AHEAD, tree.num_nodes))))
-                for row in read:
-                    logits.argmax(row)
-            else:
-                for row in read:
-                    logits[row]
+            for row in range(min(READ_ROWS, tree.num_nodes)):  # the rows a verifier reads (engine/lm_head.py)
+                greedy_token(logits, row) if greedy else logits[row]
             clock(target.device)  # wait for the device before the crop
             target.crop_to(past)
 

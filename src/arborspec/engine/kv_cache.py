@@ -26,66 +26,35 @@ MIN_CAPACITY = 256  # rows allocated at first; the buffer doubles when it is ful
 
 
 class Float64Layer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are float64 views `[B, H, length, D]` of buffers grown by doubling."""
+    """A `DynamicLayer` whose keys and values are float64 views `[B, H, length, D]` of buffers grown by doubling.
+
+    Only appending changes: `DynamicLayer`'s own `crop` (a shorter view), `get_seq_length` (the view's length)
+    and `reset` (drops the views; the next update allocates afresh) work on the views as they are."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = torch.float64, key_states.device
-        self._keys = self._values = None
-        self.length = 0
-        self._view()
+        self._buffers = [self._allocate(states, MIN_CAPACITY) for states in (key_states, value_states)]
+        self.keys, self.values = (buffer[:, :, :0] for buffer in self._buffers)
         self.is_initialized = True
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
-        capacity = max(MIN_CAPACITY, 2 * need)
-        keys = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[3]), dtype=torch.float64)
-        values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[3]), dtype=torch.float64)
-        if self.length:
-            keys[:, :, : self.length] = self._keys[:, :, : self.length]
-            values[:, :, : self.length] = self._values[:, :, : self.length]
-        self._keys, self._values = keys, values
-
-    def _view(self) -> None:
-        if self._keys is None:
-            self.keys = self.values = torch.empty(0, dtype=torch.float64, device=self.device)
-        else:
-            self.keys = self._keys[:, :, : self.length]
-            self.values = self._values[:, :, : self.length]
+    @staticmethod
+    def _allocate(states: torch.Tensor, rows: int) -> torch.Tensor:
+        return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        if self._keys is None or end > self._keys.shape[2]:
-            self._grow(key_states, value_states, end)
-        self._keys[:, :, start:end] = key_states  # float32 -> float64: exact
-        self._values[:, :, start:end] = value_states
-        self.length = end
-        self._view()
+        start = self.keys.shape[2]
+        end = start + key_states.shape[2]
+        for i, (kept, states) in enumerate(((self.keys, key_states), (self.values, value_states))):
+            if end > self._buffers[i].shape[2]:  # full: a buffer of twice what is needed, the kept rows copied over
+                grown = self._allocate(states, 2 * end)
+                grown[:, :, :start] = kept
+                self._buffers[i] = grown
+            self._buffers[i][:, :, start:end] = states  # float32 -> float64: exact
+        self.keys, self.values = (buffer[:, :, :end] for buffer in self._buffers)
         return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length if self.is_initialized else 0
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative number of tokens to remove")
-        if tokens_to_remove == 0 or not self.is_initialized:
-            return
-        self.length = max(0, self.length + tokens_to_remove)
-        self._view()
-
-    def reset(self) -> None:
-        self._keys = self._values = None
-        self.length = 0
-        self.is_initialized = False
-        self.keys = self.values = None
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("arborspec's caches hold one sequence")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("arborspec's caches hold one sequence")
 
 
 def uses_float64_cache(model) -> bool:

@@ -81,32 +81,16 @@ class GreedyScreen:
         self.hidden_size = self.weight.shape[1]
         self.candidates = 0  # float32 rows computed so far (statistics and tests)
 
-    def _rest(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The row's `OUTLIERS` largest channels, and the row with them zeroed (what goes through int8)."""
-        keep = row[0].abs().topk(min(self.OUTLIERS, self.hidden_size)).indices
+    def bounds(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Screen logits `[V]` and their error bounds `[V]` for one float32 row `[1, H]`."""
+        k = min(self.OUTLIERS, self.hidden_size)
+        keep = row[0].abs().topk(k).indices
         rest = row.clone()
         rest[0, keep] = 0.0
-        return keep, rest
-
-    def products(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The int8 part of `bounds` for several float32 rows `[K, H]` at once: one pass over the int8 head
-        (its 28 MB stream is most of a row's cost on SmolLM2) for K rows. Every row is quantised with its own
-        scale and summed in integers, so each row's result is the one `bounds` computes for it alone."""
-        return self._int8_part(torch.cat([self._rest(rows[i: i + 1])[1] for i in range(rows.shape[0])]))
-
-    def _int8_part(self, rests: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per row of `rests [K, H]`: (its int8 product `[V]`, what the kernel rounded to 8 bits `[H]`, its scale)."""
-        approx, x, scale = int8_rows_product(rests, self.packed)
-        return [(approx[i], x[i], scale[i]) for i in range(rests.shape[0])]
-
-    def bounds(self, row: torch.Tensor, product=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Screen logits `[V]` and their error bounds `[V]` for one float32 row `[1, H]` (its int8 part from
-        `products` when given)."""
-        keep, rest = self._rest(row)
-        approx, x, scale = product if product is not None else self._int8_part(rest)[0]
-        approx = approx + (row[:, keep] @ self.weight_t[keep])[0]
+        approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
+        approx = approx[0] + (row[:, keep] @ self.weight_t[keep])[0]
         scale = float(scale)
-        xd = x.double()
+        xd = x[0].double()
         rounded = torch.round(xd)
         norm_h = float(row.double().norm())
         gap = scale * float((xd - rounded).norm()) + 2.0 ** -24 * norm_h  # |h - h^|_2 over the quantised channels
@@ -114,10 +98,10 @@ class GreedyScreen:
         per_w = 1.001 * gap + 2 * self.hidden_size * 2.0 ** -24 * norm_h
         return approx, torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat)
 
-    def argmax(self, hidden: torch.Tensor, product=None) -> int | None:
+    def argmax(self, hidden: torch.Tensor) -> int | None:
         """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let the full row decide)."""
         row = hidden.reshape(1, -1).float()
-        approx, bound = self.bounds(row, product)
+        approx, bound = self.bounds(row)
         floor = (approx - bound).max()
         cand = torch.nonzero(approx + bound >= floor)[:, 0]
         if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
@@ -167,10 +151,9 @@ class HeadRows:
             out = F.linear(hidden, self.weight, self.bias)
         return out.float()
 
-    def greedy(self, hidden: torch.Tensor, product=None) -> int:
-        """The argmax token of one hidden row `[1, H]` (the screen where there is one; its int8 part from
-        `GreedyScreen.products` when given)."""
-        token = self.screen.argmax(hidden, product) if self.screen is not None else None
+    def greedy(self, hidden: torch.Tensor) -> int:
+        """The argmax token of one hidden row `[1, H]` (the screen where there is one)."""
+        token = self.screen.argmax(hidden) if self.screen is not None else None
         return token if token is not None else int(self.logits(hidden)[0].argmax())
 
 
@@ -181,7 +164,6 @@ class LazyLogits:
         self.hidden, self.head = hidden, head  # hidden: [N, H]
         self.rows: dict[int, torch.Tensor] = {}
         self.best: dict[int, int] = {}
-        self.screened: dict[int, tuple] = {}  # row -> its int8 screen product, from `screen_ahead`
         self.seconds = 0.0  # spent computing rows (the step statistics count it as verification)
 
     def __len__(self) -> int:
@@ -205,22 +187,9 @@ class LazyLogits:
         i = int(i) % len(self)
         if i not in self.best:
             t0 = clock(self.hidden.device)
-            self.best[i] = self.head.greedy(self.hidden[i: i + 1], self.screened.pop(i, None))
+            self.best[i] = self.head.greedy(self.hidden[i: i + 1])
             self.seconds += clock(self.hidden.device) - t0
         return self.best[i]
-
-    @torch.inference_mode()
-    def screen_ahead(self, rows: list[int]) -> None:
-        """Run the greedy screen's int8 product for `rows` in one pass over the head (`GreedyScreen.products`),
-        for `argmax` to finish if they are read: a verifier that will likely read several rows pays the head's
-        weight stream once. The tokens are the ones `argmax` gives without it."""
-        rows = [r for r in dict.fromkeys(int(r) % len(self) for r in rows) if r not in self.best and r not in self.screened]
-        if self.head.screen is None or len(rows) < 2:
-            return
-        t0 = clock(self.hidden.device)
-        for r, product in zip(rows, self.head.screen.products(self.hidden[rows].float())):
-            self.screened[r] = product
-        self.seconds += clock(self.hidden.device) - t0
 
 
 def greedy_token(logits, i: int) -> int:

@@ -71,15 +71,6 @@ class TokenTree:
     def depth(self) -> int:
         return max(self.depths)
 
-    def likely_path(self, rows: int) -> list[int]:
-        """The root and then, while there are children, the child of highest value (the first of equals):
-        the `rows` nodes whose target rows a verifier most likely reads, root included."""
-        path = [0]
-        while len(path) < rows and self.children[path[-1]]:
-            kids = self.children[path[-1]]
-            path.append(max(kids, key=lambda c: (self.values[c], -c)))
-        return path
-
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to `node` (root excluded)."""
         path = []

@@ -27,12 +27,11 @@ from typing import Callable
 import torch
 
 from ..errors import ArborError
-from .lm_head import LazyLogits, greedy_token
+from .lm_head import greedy_token
 from .sampling import SamplingConfig, generator_device, probs_from_logits, sample
 from .tree import TokenTree
 
 RESIDUAL_EPS = 1e-9
-SCREEN_AHEAD = 3  # rows of the likely path the greedy verifier screens in one pass (root included; 1: off)
 
 
 @dataclass
@@ -109,11 +108,7 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
 
 def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
     """Descend while a child holds the target's argmax token; that token is the bonus where none does.
-    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too.
-    The `SCREEN_AHEAD` rows of the tree's likely path go through the screen's int8 product together first
-    (`LazyLogits.screen_ahead`: one pass over the head's weights instead of one per row read; same tokens)."""
-    if isinstance(target_logits, LazyLogits):
-        target_logits.screen_ahead(tree.likely_path(SCREEN_AHEAD))
+    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too."""
     node, accepted = 0, []
     while True:
         best = greedy_token(target_logits, node)

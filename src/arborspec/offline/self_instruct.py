@@ -26,7 +26,7 @@ import random
 import torch
 
 from ..errors import ArborError
-from .generation import pad_token_id
+from .generation import left_padded, pad_token_id
 
 _MARK = "\x00arborspec-user-message\x00"
 
@@ -64,19 +64,17 @@ def write_queries(model, tokenizer, n: int, seed: int, end_ids: set[int], max_to
         rng = random.Random(seed)
         starts = [rng.choice(OPENINGS) for _ in range(n)]
     rows = [prefix + (tokenizer(s, add_special_tokens=False)["input_ids"] if s else []) for s in starts]
-    width, pad = max(map(len, rows)), pad_token_id(tokenizer)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)  # left-padded
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
+    pad = pad_token_id(tokenizer)
+    ids, mask = left_padded(rows, pad)
     torch.manual_seed(seed)
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
-                         top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad)
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
+                         temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad)
     queries = []
-    for start, row in zip(starts, out[:, width:].tolist()):
+    for start, row in zip(starts, out[:, ids.shape[1]:].tolist()):
         end = next((j for j, t in enumerate(row) if t in end_ids), None)
         if end is None:
             continue
-        text = tokenizer.decode(row[:end], skip_special_tokens=True)
-        text = (start + text if start else text).strip()
+        text = (start + tokenizer.decode(row[:end], skip_special_tokens=True)).strip()
         if text and text != start:
             queries.append(text)
     return queries
