@@ -112,6 +112,7 @@ def test_embedded_package_missing(monkeypatch):
     (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
     (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
     (["train-head", "--out", "/tmp/x", "--self-instruct", "-1"], "--self-instruct"),
+    (["train-head", "--out", "/tmp/x", "--ce-weight", "-1"], "--ce-weight"),
 ])
 def test_cli_one_line_errors(args, needle):
     result = CliRunner().invoke(app, args)

@@ -409,6 +409,8 @@ def train_head(
     lr: float = typer.Option(2e-3, "--lr"),
     batch_tokens: int = typer.Option(384, "--batch-tokens", help="padded tokens per training step"),
     ttt_steps: int = typer.Option(2, "--ttt-steps", help="training-time-test passes (1 = plain EAGLE training)"),
+    ce_weight: float = typer.Option(0.1, "--ce-weight", help="weight of the cross-entropy against the target's next-token "
+                                    "distribution, beside the feature regression (weight 1)"),
     train_time_budget_s: float = typer.Option(0.0, "--train-time-budget-s", help="stop training after this (0 = no limit)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint (data always resumes)"),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="start from an exported head's weights (e.g. to continue on more data with a new schedule)"),
@@ -432,11 +434,14 @@ def train_head(
         raise ArborError("--epochs and --lr must be > 0 and --draft-vocab >= 0")
     if self_instruct < 0:
         raise ArborError(f"--self-instruct must be >= 0, got {self_instruct}")
+    if ce_weight < 0:
+        raise ArborError(f"--ce-weight must be >= 0, got {ce_weight}")
     data = HeadDataConfig(target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                           batch_size=gen_batch_size, seed=seed, time_budget_s=data_time_budget_s,
                           query_openings=self_instruct_openings)
     cfg = HeadTrainConfig(target=target, out=str(out), work_dir=str(work_dir or ""), data=data, skip_data=skip_data,
                           self_instruct=self_instruct, draft_vocab=draft_vocab, epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
+                          ce_weight=ce_weight,
                           time_budget_s=train_time_budget_s, resume=resume, init_from=str(init_from or ""), seed=seed,
                           device=device)
     path = run(cfg)
