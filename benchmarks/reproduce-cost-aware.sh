@@ -3,11 +3,7 @@
 # the batch-invariant int8 target (docs/algorithms.md §7-8), and the estimated-vs-actual accepted length of every
 # drafter. Run from the repository root after `make setup`, on an otherwise idle machine (2 cores). ~100 min.
 # Step 0 needs a checkout of the session's starting commit: git worktree add /work/wt-before ac40151
-set -euo pipefail
-A=.venv/bin/arborspec
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. Before/after of the growth rule and the learnt step overhead (same head, 10 MT-Bench prompts x 64 tokens, each interleaved with plain decoding
 #    in its own process): budget=auto on the int8 target at T = 0, and DySpec at T = 0.6 in float32.

@@ -2,12 +2,7 @@
 # Reproduce benchmarks/draft-*: the fifth session's figures. The draft head retrained on more of the target's own
 # text, its logits in int8 (the CPU default, `--draft-logits auto`), ordered draws at T = 0 (the default draft
 # temperature 0). Run from the repository root after `make setup`, on an otherwise idle machine. ~55 min on 2 cores.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. Held-out quality and cost of the shipped head, float and int8 draft logits (teacher forcing on the target's
 #    greedy answers to MT-Bench / HumanEval prompts, never used for training).

@@ -3,11 +3,7 @@
 # plain decoding in the same process; transformers generate() and assisted generation (with the distilled draft
 # model, since transformers cannot run a head) as peers. Run from the repository root after `make setup`, on an
 # otherwise idle machine. ~35 min on 2 CPU cores.
-set -euo pipefail
-A=.venv/bin/arborspec
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. Held-out quality and cost of the head (teacher forcing on the target's greedy answers).
 .venv/bin/python -m arborspec.offline.head_quality --threads 2 --n-mtbench $MT --n-humaneval 10 --max-new-tokens $N \

@@ -3,14 +3,8 @@
 # §6), on the int8 target at T = 0 and 0.6 against plain int8 decoding, HF generate and HF assisted generation; the
 # head's precision A/B in one process; and torch.compile's forward paths (docs/algorithms.md §7). Run from the
 # repository root after `make setup`, on an otherwise idle machine (2 cores), ~60 min. STEPS="1 2" runs some steps.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 STEPS=${STEPS:-"0 1 2 3 4 5 6"}
-run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped head as CPU pairs now run it: layer and draft logits in int8.
 if run 0; then

@@ -2,12 +2,7 @@
 # Reproduce benchmarks/int8-* and cost-paths.json (fourth session): the batch-invariant int8 target (`--dtype int8`,
 # docs/algorithms.md §8) against float32, and speculative decoding on it against plain int8 decoding.
 # Run from the repository root after `make setup`, on an otherwise idle machine (2 cores). ~45 min.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. t(n): the float32 model's own forward, float32 decoder + LM-head rows on demand, and the same on int8,
 #    interleaved in one process (200-token cache, 15 repeats).

@@ -7,14 +7,8 @@
 # Step 4 needs a checkout of the session's starting commit: git worktree add --detach /work/wt-before 0e02a54
 # In the eighth session steps 0-3 ran (1 and 2 on a96cf3f, 3 on db957c9; step 1 before its prefetch_all row was
 # added); steps 4-6 and a re-run of step 1 on the final code were not run, for time.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 STEPS=${STEPS:-"0 1 2 3 4 5 6"}
-run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped head (teacher forcing on the target's greedy answers to MT-Bench and
 #    HumanEval prompts, never used for training), int8 draft logits (the CPU default).

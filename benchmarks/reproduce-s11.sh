@@ -3,15 +3,9 @@
 # of the int8 target, the stage-7 draft head, budget=auto with its robust overhead fit and its temperature-0 cost
 # curve, and the int8 target at T = 0 and 0.6 with all of it. Run from the repository root after `make setup`, on an
 # otherwise idle machine (2 cores), ~45 min. STEPS="1" runs one step.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 STEPS=${STEPS:-"0 2 3 4 5 6 7 8"}
 PREV=f8ff913        # the tenth session's last commit: the stage-6 head, transformers' cache
-run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped head as CPU pairs run it (layer and draft logits in int8), and of the
 #    stage-6 head on the same held-out answers.

@@ -3,15 +3,9 @@
 # same fine-tune with the old weight, their held-out quality, the shipped head in use, and the int8 target at T = 0
 # and 0.6. Run from the repository root after `make setup`, on an otherwise idle machine (2 cores). Step 1 trains
 # (~50 min); steps 2-5 measure (~35 min). STEPS="2" runs one step.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
-STEPS=${STEPS:-"1 2 3 4 5"}
+source "$(dirname "$0")/reproduce-common.sh"
+STEPS=${STEPS:-"1 2 3 4 5 6 7"}
 PREV=03316ad        # the eleventh session's last commit: the stage-7 head
-run() { [[ " $STEPS " == *" $1 "* ]]; }
 old_head() {        # the stage-7 head, from git
   mkdir -p runs/head7-shipped
   git show $PREV:src/arborspec/assets/smollm2-head/head.safetensors > runs/head7-shipped/head.safetensors
@@ -73,4 +67,22 @@ if run 5; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0.6 --threads 2 \
     --out $OUT/int8-head-mtbench-t06-s12 -m dyspec:budget=8 -m dyspec:budget=auto -m opt-tree:budget=8 \
     -m opt-tree:budget=auto
+fi
+
+# 6. Before/after of the session with `arborspec bench` (plain int8 decoding interleaved per prompt with DySpec 8,
+#    T = 0): "before" drafts with the stage-7 head from git, "after" with the shipped stage-8 head. The code paths
+#    are the same (this session changed the head's weights and a training option only).
+if run 6; then
+  old_head
+  rm -rf $OUT/s12-before-after
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    -m dyspec:budget=8 --draft runs/head7-shipped --out $OUT/s12-before-after/before
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    -m dyspec:budget=8 --out $OUT/s12-before-after/after
+fi
+
+# 7. The head's agreement with the int8 target against the float32 one (each target's own greedy answers and
+#    features; 8 MT-Bench first turns).
+if run 7; then
+  $P benchmarks/head_target_agreement.py --num-prompts 8 --out $OUT/head-target-agreement.json
 fi

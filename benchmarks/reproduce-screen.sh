@@ -3,14 +3,8 @@
 # LM-head row, docs/algorithms.md §7) A/B in one process; the stage-6 draft head (its model card) against the
 # previous one; and the int8 target at T = 0 and 0.6 with both (plain decoding gets the screen too). Run from the
 # repository root after `make setup`, on an otherwise idle machine (2 cores), ~40 min. STEPS="1" runs one step.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 STEPS=${STEPS:-"0 1 2 3 4 5"}
-run() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 0. Held-out quality and cost of the shipped (stage-6) head as CPU pairs run it: layer and draft logits in int8.
 if run 0; then

@@ -2,12 +2,7 @@
 # Reproduce the sixth session's figures: the draft head retrained with self-instructed chat data (user messages the
 # target writes itself, offline/self_instruct.py). Run from the repository root after `make setup`, on an otherwise
 # idle machine (~45 min on 2 cores). The head itself: see src/arborspec/assets/smollm2-head/MODEL_CARD.md.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. The self-instructed prompts against the benchmark sets (needs the head's training data in runs/head), then
 #    held-out quality and cost of the shipped head (teacher forcing on the target's greedy answers to MT-Bench and

@@ -2,12 +2,7 @@
 # Reproduce benchmarks/speed-*: the third session's figures (draft head trained longer on more data, the LM head on
 # demand, budget=auto, the draft temperature at T = 0). Run from the repository root after `make setup`, on an
 # otherwise idle machine (2 cores: nothing else running). ~60 min.
-set -euo pipefail
-A=.venv/bin/arborspec
-P=.venv/bin/python
-OUT=benchmarks
-MT=${MT:-20}        # MT-Bench first turns
-N=${N:-128}         # new tokens per generation
+source "$(dirname "$0")/reproduce-common.sh"
 
 # 0. t(n) of the target's forward paths, interleaved in one process: the model's own logits on every row (how every
 #    step ran before) vs the decoder + LM-head rows on demand (how a step runs now; 2 rows read = accepted length 2).

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce benchmarks/: Sequoia calibration + shapes for the embedded pair, then the full sweep and its report.
 # Run from the repository root after `make setup` (or `make demo`). Takes ~35 min on 2 CPU cores.
-set -euo pipefail
-A=.venv/bin/arborspec
-OUT=benchmarks
+source "$(dirname "$0")/reproduce-common.sh"
 NUM_PROMPTS=${NUM_PROMPTS:-6}
 MAX_NEW=${MAX_NEW:-40}
 
