@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from arborspec.common.hf_cache import cache_kwargs
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.cost import random_context
@@ -71,7 +72,8 @@ def main() -> None:
     def model_logits(tree: TokenTree) -> None:
         ids = torch.tensor(tree.tokens)
         out = adapter.model(input_ids=ids.view(1, -1), attention_mask=tree.attention_mask(past, adapter.dtype),
-                            position_ids=tree.position_ids(past), past_key_values=adapter.cache, use_cache=True)
+                            position_ids=tree.position_ids(past),
+                            **cache_kwargs(adapter.model, adapter.cache), use_cache=True)
         out.logits.float()
 
     def decoder_rows(tree: TokenTree, on: ModelAdapter = adapter) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from arborspec.builders.registry import builder_names, make_builder
+from arborspec.common.hf_cache import cache_kwargs
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
@@ -96,7 +97,7 @@ def test_int8_forward_is_bitwise_batch_invariant(int8_pair):
         for cuts in ([4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [3, 10], [9]):
             cache, parts, start = DynamicCache(), [], 0
             for end in cuts + [16]:
-                parts.append(target.model(ids[:, start:end], past_key_values=cache, use_cache=True).last_hidden_state[0])
+                parts.append(target.model(ids[:, start:end], **cache_kwargs(target.model, cache), use_cache=True).last_hidden_state[0])
                 start = end
             assert torch.equal(torch.cat(parts), whole), cuts
 

@@ -15,6 +15,8 @@ LM head under accelerate's hooks is left to the model's own forward (engine/lm_h
 from __future__ import annotations
 
 import torch
+
+from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
 from .kv_cache import CACHE_LAYERS, new_cache
 from .lm_head import HeadRows, LazyLogits
@@ -102,7 +104,7 @@ class ModelAdapter:
         ids = input_ids.to(self.device).view(1, -1)
         keep = 0 if logits_rows is None else logits_rows.to(self.device)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+                         **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=keep)
         self._check_cache_layout()
         return out.logits[0].float()
 
@@ -111,8 +113,9 @@ class ModelAdapter:
                        mask: torch.Tensor | None = None) -> torch.Tensor:  # [N, H]
         """The decoder alone (no LM head): last hidden states of the fed tokens, cache extended."""
         ids = input_ids.to(self.device).view(1, -1)
-        out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
-                                       past_key_values=self.cache, use_cache=True)
+        decoder = self.model.get_decoder()
+        out = decoder(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
+                      **cache_kwargs(decoder, self.cache), use_cache=True)
         self._check_cache_layout()
         return decoder_hidden(out)[0]
 

@@ -26,6 +26,7 @@ import torch
 
 from ..common.chat import encode_prompt
 from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
+from ..common.hf_cache import cache_kwargs
 from ..common.progress import progress_bar
 from ..common.jsonfiles import report_json
 from ..common.timing import clock
@@ -75,13 +76,15 @@ def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, cache_len), generator=g)
-    out = model(ids, use_cache=True)
-    cache = out.past_key_values
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(ids, **cache_kwargs(model, cache), use_cache=True)
     nxt = torch.tensor([[int(out.logits[0, -1].argmax())]])
     times = []
     for i in range(reps + 3):
         t = clock()
-        model(nxt, past_key_values=cache, use_cache=True)
+        model(nxt, **cache_kwargs(model, cache), use_cache=True)
         dt = clock(model.device) - t
         cache.crop(-1)
         if i >= 3:
