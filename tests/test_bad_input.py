@@ -109,6 +109,8 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--draft-logits", "fp4"], "unknown --draft-logits"),
     (["generate", "hi", "--draft-logits", "int8", "--device", "cuda"], "CPU only"),
     (["bench", "-m", "dyspec", "--draft-logits", "int4"], "unknown --draft-logits"),
+    (["generate", "hi", "--lookup", "-1"], "--lookup"),
+    (["bench", "-m", "dyspec:lookup=-1"], "lookup must be"),
     (["train-head", "--out", "/tmp/x", "--epochs", "0"], "--epochs"),
     (["train-head", "--out", "/tmp/x", "--ttt-steps", "0"], "--ttt-steps"),
     (["train-head", "--out", "/tmp/x", "--self-instruct", "-1"], "--self-instruct"),

@@ -37,12 +37,14 @@ class SpeculativeGenerator:
                  device: str = "cpu", dtype: str = "float32", verifier: str | None = None, budget: int | str | None = None,
                  reorder_dfs: bool = False, pair: ModelPair | None = None, device_map: str | dict | None = None,
                  max_memory: str | dict | None = None, offload_folder: str | None = None, draft_logits: str = "auto",
-                 compile: bool = False, **method_params: Any) -> None:
+                 compile: bool = False, lookup: int = 0, **method_params: Any) -> None:
         """`device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
         (accelerate; see `arborspec.models.placement_kwargs`); they override `device`.
         `draft_logits`: a draft head's layer and logits in "int8" (the "auto" choice on CPU) or "float" (never changes the output).
-        `compile`: run the target's decoder through `torch.compile` (one-off compilation on the first forwards)."""
+        `compile`: run the target's decoder through `torch.compile` (one-off compilation on the first forwards).
+        `lookup`: graft up to this many tokens copied from earlier in the context onto each tree (0: off; greedy and
+        sample-and-match verification only, `engine/lookup.py`); never changes the output."""
         if budget is None and not method_params:
             budget = DEFAULT_BUDGET
         self.builder = make_builder(method, budget=budget, **method_params)
@@ -50,7 +52,7 @@ class SpeculativeGenerator:
         if compile:  # also for a pair loaded elsewhere; compiling twice is a no-op
             self.pair.target.compile()
         self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder, verifier=verifier,
-                                          reorder_dfs=reorder_dfs)
+                                          reorder_dfs=reorder_dfs, lookup=lookup)
 
     @property
     def tokenizer(self):

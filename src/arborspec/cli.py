@@ -69,7 +69,7 @@ def main(ctx: typer.Context) -> None:
         generate(DEMO_PROMPT, method="dyspec", budget=None, param=[], verifier=None, max_new_tokens=64,
                  temperature=0.0, top_k=0, top_p=1.0, seed=0, target="embedded", draft=None, device="cpu",
                  dtype="float32", no_chat=False, reorder_dfs=False, compare_ar=False, draft_temperature=None,
-                 device_map=None, max_memory=None, offload_folder=None, draft_logits="auto", compile=False)
+                 device_map=None, max_memory=None, offload_folder=None, draft_logits="auto", compile=False, lookup=0)
 
 
 class _Streamer:
@@ -127,6 +127,7 @@ def generate(
     dtype: str = DtypeOpt,
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
     reorder_dfs: bool = typer.Option(False, "--reorder-dfs", help="renumber tree nodes in DFS order before verifying"),
+    lookup: int = typer.Option(0, "--lookup", help="graft up to this many tokens copied from earlier in the context onto each tree (0: off; T = 0 or sample-and-match verification; never changes the output)"),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding and print the speedup"),
     compile: bool = CompileOpt,
     draft_logits: str = DraftLogitsOpt,
@@ -144,6 +145,8 @@ def generate(
     check_placement(device_map, max_memory, offload_folder)
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
+    if lookup < 0:
+        raise ArborError(f"--lookup must be >= 0 tokens (0: off), got {lookup}")
     params = parse_params(param)
     if "budget" in params:  # --param budget=... is the same setting as --budget
         if budget is not None:
@@ -156,7 +159,7 @@ def generate(
     gen = SpeculativeGenerator(target=target, draft=draft, method=method, device=device, dtype=dtype, verifier=verifier,
                                budget=parse_budget(budget), reorder_dfs=reorder_dfs, device_map=device_map,
                                max_memory=max_memory, offload_folder=offload_folder, draft_logits=draft_logits,
-                               compile=compile, **params)
+                               compile=compile, lookup=lookup, **params)
     sampling = dict(do_sample=temperature > 0, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, seed=seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)

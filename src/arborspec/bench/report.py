@@ -417,9 +417,32 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
                       + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
                                   for m, o in per_token.items()) + "."]
         lines.append("")
+    lines += lookup_lines(runs)
     if notes:
         lines += ["## Notes", "", *[f"* {n}" for n in notes], ""]
     lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in plots], ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def lookup_lines(runs: list[dict]) -> list[str]:
+    """The report's context-lookup section (docs/algorithms.md §9): per method and temperature that grafted
+    anything, grafted nodes per step and the share of committed tokens that were grafted nodes."""
+    totals: dict[tuple[str, float], list[int]] = {}
+    for r in runs:
+        grafted = r.get("steps", {}).get("lookup_nodes", [])
+        if sum(grafted):
+            t = totals.setdefault((r["method"], float(r["temperature"])), [0, 0, 0, 0])
+            t[0] += sum(grafted)
+            t[1] += len(grafted)
+            t[2] += sum(r["steps"].get("lookup_accepted", []))
+            t[3] += r["new_tokens"]
+    if not totals:
+        return []
+    return ["## Context lookup", "", "Nodes copied from earlier in the context and grafted onto each tree "
+            "(docs/algorithms.md §9; part of the tree size above), and the accepted tokens that were such nodes.", "",
+            "| method | temperature | grafted nodes per step | grafted tokens accepted per step | share of new tokens |",
+            "|---|---|---|---|---|",
+            *[f"| `{m}` | {t:g} | {g / n:.2f} | {a / n:.2f} | {a / max(tok, 1):.1%} |"
+              for (m, t), (g, n, a, tok) in sorted(totals.items())], ""]

@@ -124,8 +124,18 @@ class MethodConfig:
     def label(self) -> str:
         return ":".join([self.name] + [f"{k}={v}" for k, v in self.params])
 
+    @property
+    def lookup(self) -> int:
+        """`lookup=K`: the decoder grafts up to K context-lookup tokens onto each tree (engine/lookup.py); not a
+        builder parameter."""
+        value = dict(self.params).get("lookup", 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ArborError(f"method {self.label!r}: lookup must be a whole number of tokens >= 0, got {value!r}")
+        return value
+
     def make(self) -> TreeBuilder:
         params = dict(self.params)
+        params.pop("lookup", None)
         return make_builder(self.name, budget=params.pop("budget", None), **params)
 
 
@@ -156,6 +166,7 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
     for spec in specs:
         for m in parse_method_spec(spec):
             m.make()  # raises a one-line ArborError on an unknown method or a bad value
+            m.lookup  # and on a bad lookup
             if m not in out:
                 out.append(m)
     return out
@@ -182,9 +193,9 @@ def steps_record(steps) -> dict:
     cols: dict[str, list] = {k: [] for k in ("accepted_length", "tree_size", "tree_depth", "estimated_length",
                                              "calibrated_length", "draft_time", "build_time", "verify_time", "other_time",
                                              "draft_forwards", "examined_draft_probs", "examined_values",
-                                             "examined_accepted")}
+                                             "examined_accepted", "lookup_nodes", "lookup_accepted")}
     for s in steps:
-        for k in ("accepted_length", "tree_size", "tree_depth", "draft_forwards"):
+        for k in ("accepted_length", "tree_size", "tree_depth", "draft_forwards", "lookup_nodes", "lookup_accepted"):
             cols[k].append(int(getattr(s, k)))
         cols["estimated_length"].append(round(float(s.estimated_length), 5))
         cols["calibrated_length"].append(round(float(s.calibrated_length), 5))
@@ -264,7 +275,7 @@ class _Runner:
     def __init__(self, cfg: BenchConfig, pair: ModelPair, methods: list[MethodConfig]) -> None:
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
-        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make()) for m in methods}
+        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup) for m in methods}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
         self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")
         # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)

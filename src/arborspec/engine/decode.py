@@ -29,11 +29,12 @@ from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import READ_ROWS, CostCurve, cost_curve_for
 from .lm_head import greedy_token
 from .long_run import LongRunRate
+from .lookup import ContextLookup, graft
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationInterrupted, GenerationResult, StepStats
 from .tree import TokenTree
-from .verifiers import VERIFIERS, VerifyResult, choose_verifier
+from .verifiers import ANY_TREE, VERIFIERS, VerifyResult, choose_verifier
 
 TokenCallback = Callable[[list[int]], None]
 
@@ -89,7 +90,7 @@ class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True) -> None:
+                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
         on first use (once per process, `engine/cost.cost_curve_for`; one curve for temperature 0's steps,
         whose verifier reads screened argmaxes, one for sampling's, which read full rows), and the step's overhead outside the
@@ -100,7 +101,13 @@ class SpeculativeDecoder:
         same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
         instead of from face value. Only `budget=auto` builders read them, to size trees: the output
         distribution never changes, but above temperature 0 which sample a seed gives then depends on
-        the decoder's earlier generations; False makes every generation reproducible from its seed alone."""
+        the decoder's earlier generations; False makes every generation reproducible from its seed alone.
+
+        `lookup`: graft up to this many tokens copied from earlier in the context onto every tree
+        (`engine/lookup.py`; 0: none), wherever the verifier is one that any tree is lossless for (greedy,
+        sample-and-match); with the rejection verifiers nothing is grafted."""
+        if lookup < 0:
+            raise ArborError(f"lookup must be >= 0 tokens (0: off), got {lookup}")
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
@@ -109,12 +116,14 @@ class SpeculativeDecoder:
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
         self.carry = carry
+        self.lookup = lookup
         self.learnt: dict[SamplingConfig, tuple[AcceptanceModel, LongRunRate]] = {}  # per sampling settings
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
         verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
         verify = VERIFIERS[verifier_name]
-        depth = self.builder.depth_limit + 1
+        self.context_lookup = ContextLookup(self.lookup) if self.lookup and verifier_name in ANY_TREE else None
+        depth = max(self.builder.depth_limit, self.lookup if self.context_lookup else 0) + 1
         check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
         check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
         draft_cfg = cfg.sampling.draft_side()
@@ -173,6 +182,8 @@ class SpeculativeDecoder:
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
+        calibrated = self.acceptance.expected_length(tree)  # the builder's tree (grafted nodes have no draft probability)
+        grafted = graft(tree, self.context_lookup.propose(committed)) if self.context_lookup else []
         t1 = clock(self.target.device)
         past = self.target.cache_len
         logits = self.target.tree_forward(tree, lazy=True)  # [N, V], rows computed as the verifier reads them
@@ -190,8 +201,10 @@ class SpeculativeDecoder:
             on_tokens(new)
         t3 = clock(self.target.device)
         kids, flags, ranks = examined_children(tree, result)
+        if grafted:  # the acceptance model calibrates the draft's probabilities: grafted nodes have none
+            own = [i for i, k in enumerate(kids) if k < grafted[0]]
+            kids, flags, ranks = [kids[i] for i in own], [flags[i] for i in own], [ranks[i] for i in own]
         head_time = getattr(logits, "seconds", 0.0)  # LM-head rows the verifier computed: part of verification
-        calibrated = self.acceptance.expected_length(tree)
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
         if self.cost is not None:
@@ -204,6 +217,7 @@ class SpeculativeDecoder:
             verify_time=t2 - t1 + head_time, other_time=t3 - t2 - head_time, draft_forwards=self.drafter.forwards,
             examined_draft_probs=examined_probs,
             examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
+            lookup_nodes=len(grafted), lookup_accepted=sum(1 for n in kept if grafted and n >= grafted[0]),
         ))
         return stop
 

@@ -28,6 +28,8 @@ class StepStats:
     examined_draft_probs: list[float] = field(default_factory=list)
     examined_values: list[float] = field(default_factory=list)
     examined_accepted: list[bool] = field(default_factory=list)
+    lookup_nodes: int = 0  # nodes grafted from earlier in the context (engine/lookup.py), part of tree_size
+    lookup_accepted: int = 0  # accepted tokens that were grafted nodes
 
 
 @dataclass(kw_only=True)

@@ -162,6 +162,9 @@ LOSSLESS = {
     "selected": {"sample-match"},
 }
 DEFAULT = {"without_replacement": "rejection", "with_replacement": "rejection-wr", "selected": "sample-match"}
+# Verifiers lossless for any tree, whatever proposed its nodes: they never read draft probabilities (nodes may be
+# added to a tree after its builder, engine/lookup.py).
+ANY_TREE = frozenset({"greedy", "sample-match"})
 
 
 def choose_verifier(children_mode: str, cfg: SamplingConfig, requested: str | None = None) -> str:
