@@ -67,27 +67,6 @@ def test_near_ties_are_resolved_by_the_float32_logits():
         assert screen.candidates - before >= 2
 
 
-def test_rows_screened_together_get_the_tokens_each_gets_alone():
-    """The verifier screens several rows in one product (`argmax_rows`): each row's bounds hold and its token is the
-    one it gets alone, near ties and a non-finite row included; rows of a tree read in any grouping agree."""
-    weight, hid = head_and_rows(rows=24, seed=3)
-    rows = torch.cat([hid[:12], near_ties(weight, hid[12:])])
-    rows[5, 7] = float("nan")
-    screen = screen_of(weight)
-    alone = [screen.argmax(h[None]) for h in rows]
-    assert alone[5] is None and alone[:5] + alone[6:] == [int(r) for i, r in enumerate(
-        (rows.double() @ weight.double().t()).argmax(1)) if i != 5]
-    approx, bound = screen.bounds(torch.cat([rows[:5], rows[6:]]))
-    exact = (torch.cat([rows[:5], rows[6:]]).double() @ weight.double().t()).float()
-    assert bool(((approx - exact).abs() <= bound).all())
-    assert screen.argmax_rows(rows) == alone
-    lazy = LazyLogits(torch.cat([rows[:5], rows[6:]]), HeadRows.__new__(HeadRows))
-    lazy.head.screen, lazy.head.weight_t, lazy.head.weight, lazy.head.bias = screen, weight.t().contiguous(), weight, None
-    lazy.prefetch_argmax([3, 0, 17, 3])
-    assert sorted(lazy.best) == [0, 3, 17]
-    assert [lazy.argmax(i) for i in range(len(lazy))] == alone[:5] + alone[6:]
-
-
 def test_a_bound_too_tight_is_caught():
     """Negative control: the same check fails for a screen whose bounds are shrunk 100 times."""
     weight, hid = head_and_rows(rows=40, seed=2)

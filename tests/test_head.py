@@ -5,7 +5,6 @@ import random
 import pytest
 import torch
 
-from arborspec.common.hf_cache import cache_kwargs
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.errors import ArborError
@@ -256,39 +255,6 @@ def test_head_for_another_target_or_vocabulary_is_refused(target, trained_head, 
         load_head(tmp_path, tiny_llama(0, vocab=80, layers=2))
     with pytest.raises(ArborError, match="not a draft head"):
         load_head(tmp_path / "missing", target)
-
-
-@torch.no_grad()
-def test_the_direct_layer_call_equals_the_bodys_own_forward(target, trained_head):
-    """`DraftHead.forward` calls its layer directly; it must give the body's own forward bit for bit: causal rows
-    (prefill, then more rows after the cache), a tree mask with explicit positions, a padded training batch."""
-    from transformers import DynamicCache
-
-    head, cfg = trained_head[0], trained_head[4]
-    config = head.body.config
-    g = torch.Generator().manual_seed(0)
-    ids, feats = torch.randint(3, 96, (1, 12), generator=g), torch.randn(1, 12, head.hidden_size, generator=g)
-
-    def body(sl, cache, **kw):
-        return head.body(inputs_embeds=head.inputs(ids[:, sl], feats[:, sl]), **cache_kwargs(head.body, cache), use_cache=True,
-                         **kw).last_hidden_state
-
-    ours, theirs = DynamicCache(config=config), DynamicCache(config=config)
-    for sl in (slice(0, 7), slice(7, 9)):
-        assert torch.equal(head(ids[:, sl], feats[:, sl], past_key_values=ours), body(sl, theirs))
-    allowed = torch.ones(3, 12, dtype=torch.bool)
-    allowed[1, 9], allowed[2, 10] = False, False  # rows 9 and 10 are siblings
-    mask = torch.zeros(1, 1, 3, 12).masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    pos = torch.tensor([[9, 9, 10]])
-    assert torch.equal(head(ids[:, 9:], feats[:, 9:], position_ids=pos, attention_mask=mask, past_key_values=ours),
-                       body(slice(9, 12), theirs, position_ids=pos, attention_mask=mask))
-    batch = make_batch(trained_head[3][:3], cfg.max_len)
-    mask = ttt_mask(batch.pad, 1, torch.float32)
-    pos = torch.arange(batch.tokens.shape[1])[None].expand(3, -1)
-    ours = head(batch.tokens, batch.prev, position_ids=pos, attention_mask=mask, past_key_values=DynamicCache(config=config))
-    theirs = head.body(inputs_embeds=head.inputs(batch.tokens, batch.prev), position_ids=pos, attention_mask=mask,
-                       **cache_kwargs(head.body, DynamicCache(config=config)), use_cache=True).last_hidden_state
-    assert torch.equal(ours, theirs)
 
 
 def test_ttt_mask_matches_the_tree_a_depth_two_node_sees():

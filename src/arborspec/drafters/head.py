@@ -152,32 +152,11 @@ class DraftHead(nn.Module):
         return self.fc(torch.cat([emb.to(feats.device, feats.dtype), feats], dim=-1))
 
     def forward(self, tokens, feats, position_ids=None, attention_mask=None, past_key_values=None) -> torch.Tensor:
-        """Predicted features f^ [B, L, H] (after the final norm).
-
-        `attention_mask`: additive `[B, 1, L, past + L]` (tree or training masks), or None for causal
-        rows after the cache. The one layer is called directly with the body's rotary embedding (what the
-        body's own forward does, without its mask building and output bookkeeping: about a fifth of a
-        draft forward on CPU); a body without a rotary embedding runs its own forward."""
-        x = self.inputs(tokens, feats)
-        cache = past_key_values
-        rotary = getattr(self.body, "rotary_emb", None)
-        if rotary is None:
-            out = self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
-                            **cache_kwargs(self.body, cache), use_cache=cache is not None)
-            return out.last_hidden_state
-        b, n = x.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(past, past + n, device=x.device)[None].expand(b, -1)
-        if attention_mask is None and n > 1:  # causal: row i sees the cache and rows up to i
-            keys = torch.arange(past + n, device=x.device)
-            attention_mask = additive_mask(keys[None, :] <= (past + torch.arange(n, device=x.device))[:, None],
-                                           x.dtype)[None, None]
-        layer = self.body.layers[0]
-        out = layer(x, attention_mask=attention_mask, position_ids=position_ids,
-                    position_embeddings=rotary(x, position_ids=position_ids), **cache_kwargs(layer, cache),
-                    use_cache=cache is not None)
-        return self.body.norm(out[0] if isinstance(out, tuple) else out)
+        """Predicted features f^ [B, L, H] (after the final norm)."""
+        out = self.body(inputs_embeds=self.inputs(tokens, feats), attention_mask=attention_mask,
+                        position_ids=position_ids, **cache_kwargs(self.body, past_key_values),
+                        use_cache=past_key_values is not None)
+        return out.last_hidden_state
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only: [..., K]."""

@@ -81,49 +81,36 @@ class GreedyScreen:
         self.hidden_size = self.weight.shape[1]
         self.candidates = 0  # float32 rows computed so far (statistics and tests)
 
-    def bounds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Screen logits `[M, V]` and their error bounds `[M, V]` for float32 rows `[M, H]`, each row on its
-        own (its own outlier channels and quantisation scale): a row's bounds do not depend on the others."""
+    def bounds(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Screen logits `[V]` and their error bounds `[V]` for one float32 row `[1, H]`."""
         k = min(self.OUTLIERS, self.hidden_size)
-        keep = rows.abs().topk(k, dim=1).indices  # [M, k]
-        rest = rows.clone().scatter_(1, keep, 0.0)
+        keep = row[0].abs().topk(k).indices
+        rest = row.clone()
+        rest[0, keep] = 0.0
         approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
-        approx += torch.bmm(rows.gather(1, keep)[:, None, :], self.weight_t[keep])[:, 0]
-        xd, scale = x.double(), scale.double()[:, 0]
+        approx = approx[0] + (row[:, keep] @ self.weight_t[keep])[0]
+        scale = float(scale)
+        xd = x[0].double()
         rounded = torch.round(xd)
-        norm_h = rows.double().norm(dim=1)
-        gap = scale * (xd - rounded).norm(dim=1) + 2.0 ** -24 * norm_h  # |h - h^|_2 over the quantised channels
-        norm_hat = scale * rounded.norm(dim=1)  # |h^|_2
-        per_w = (1.001 * gap + 2 * self.hidden_size * 2.0 ** -24 * norm_h).float()
-        bound = self.norm_w[None, :] * per_w[:, None] + self.norm_err[None, :] * (1.001 * norm_hat).float()[:, None]
-        return approx, bound
-
-    def argmax_rows(self, hidden: torch.Tensor) -> list[int | None]:
-        """The greedy token of each row of `hidden` `[M, H]` (one int8 product for all of them: about the
-        cost of one row, the weights are read once); None for a row that is not finite (let the full row
-        decide). Each row's token is the one `argmax` gives it alone: the screen only narrows the candidates,
-        whose exact float32 logits decide."""
-        rows = hidden.reshape(-1, self.hidden_size).float()
-        approx, bound = self.bounds(rows)
-        floor = (approx - bound).amax(dim=1, keepdim=True)
-        reach = approx + bound >= floor
-        out: list[int | None] = []
-        for i in range(rows.shape[0]):
-            cand = torch.nonzero(reach[i])[:, 0]
-            if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
-                out.append(None)
-                continue
-            self.candidates += cand.numel()
-            if cand.numel() == 1:
-                out.append(int(cand[0]))
-                continue
-            exact = torch.mv(self.weight.index_select(0, cand), rows[i])
-            out.append(int(cand[int(exact.argmax())]))
-        return out
+        norm_h = float(row.double().norm())
+        gap = scale * float((xd - rounded).norm()) + 2.0 ** -24 * norm_h  # |h - h^|_2 over the quantised channels
+        norm_hat = scale * float(rounded.norm())  # |h^|_2
+        per_w = 1.001 * gap + 2 * self.hidden_size * 2.0 ** -24 * norm_h
+        return approx, torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat)
 
     def argmax(self, hidden: torch.Tensor) -> int | None:
         """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let the full row decide)."""
-        return self.argmax_rows(hidden.reshape(1, -1))[0]
+        row = hidden.reshape(1, -1).float()
+        approx, bound = self.bounds(row)
+        floor = (approx - bound).max()
+        cand = torch.nonzero(approx + bound >= floor)[:, 0]
+        if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
+            return None
+        self.candidates += cand.numel()
+        if cand.numel() == 1:
+            return int(cand[0])
+        exact = torch.mv(self.weight.index_select(0, cand), row[0])
+        return int(cand[int(exact.argmax())])
 
 
 def screen_for(weight: torch.Tensor | None, weight_t: torch.Tensor | None, bias: torch.Tensor | None) -> GreedyScreen | None:
@@ -166,12 +153,8 @@ class HeadRows:
 
     def greedy(self, hidden: torch.Tensor) -> int:
         """The argmax token of one hidden row `[1, H]` (the screen where there is one)."""
-        return self.greedy_rows(hidden)[0]
-
-    def greedy_rows(self, hidden: torch.Tensor) -> list[int]:
-        """The argmax token of each hidden row `[M, H]`: one screen for all rows, a full row where it has none."""
-        tokens = self.screen.argmax_rows(hidden) if self.screen is not None else [None] * hidden.shape[0]
-        return [t if t is not None else int(self.logits(hidden[i: i + 1])[0].argmax()) for i, t in enumerate(tokens)]
+        token = self.screen.argmax(hidden) if self.screen is not None else None
+        return token if token is not None else int(self.logits(hidden)[0].argmax())
 
 
 class LazyLogits:
@@ -203,26 +186,10 @@ class LazyLogits:
         same function as plain decoding's, so the verdicts match it bit for bit)."""
         i = int(i) % len(self)
         if i not in self.best:
-            self.prefetch_argmax([i])
+            t0 = clock(self.hidden.device)
+            self.best[i] = self.head.greedy(self.hidden[i: i + 1])
+            self.seconds += clock(self.hidden.device) - t0
         return self.best[i]
-
-    @torch.inference_mode()
-    def prefetch_argmax(self, rows: list[int]) -> None:
-        """Screen the greedy tokens of several rows at once (`HeadRows.greedy_rows`: the weights are read
-        once for all of them); each row's token is the one `argmax(i)` alone would give."""
-        todo = list(dict.fromkeys(int(i) % len(self) for i in rows if int(i) % len(self) not in self.best))
-        if not todo:
-            return
-        t0 = clock(self.hidden.device)
-        for i, token in zip(todo, self.head.greedy_rows(self.hidden[todo])):
-            self.best[i] = token
-        self.seconds += clock(self.hidden.device) - t0
-
-
-def prefetch_greedy(logits, rows: list[int]) -> None:
-    """Let `LazyLogits` screen these rows' greedy tokens in one go (nothing to do for a plain tensor)."""
-    if isinstance(logits, LazyLogits):
-        logits.prefetch_argmax(rows)
 
 
 def greedy_token(logits, i: int) -> int:

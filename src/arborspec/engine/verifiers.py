@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..errors import ArborError
-from .lm_head import greedy_token, prefetch_greedy
+from .lm_head import greedy_token
 from .sampling import SamplingConfig, generator_device, probs_from_logits, sample
 from .tree import TokenTree
 
@@ -106,23 +106,9 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
     return rule
 
 
-PREFETCH_ROWS = 3  # rows the greedy verifier screens in its first read: the root and its likeliest path
-
-
-def likeliest_path(tree: TokenTree, rows: int) -> list[int]:
-    """The root, then from each node its child of highest value (estimated acceptance), `rows` nodes at most."""
-    path = [0]
-    while len(path) < rows and tree.children[path[-1]]:
-        path.append(max(tree.children[path[-1]], key=lambda c: tree.values[c]))
-    return path
-
-
 def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
     """Descend while a child holds the target's argmax token; that token is the bonus where none does.
-    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too.
-    The root's and its likeliest path's rows are screened together first (one read of the LM head's int8
-    copy for all of them); which rows are screened when never changes a row's token."""
-    prefetch_greedy(target_logits, likeliest_path(tree, PREFETCH_ROWS))
+    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too."""
     node, accepted = 0, []
     while True:
         best = greedy_token(target_logits, node)
