@@ -29,6 +29,7 @@ import argparse
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,8 +38,9 @@ from torch import nn
 
 from arborspec.drafters.head import DraftHead, load_head
 from arborspec.models import load_model
-from arborspec.offline.head_data import load_head_data, token_frequencies
+from arborspec.offline.head_data import HeadSequence, load_head_data, token_frequencies
 from arborspec.offline.train_head import Batch, head_losses, split, token_batches
+from arborspec.offline.train_head import make_batch as train_batch
 
 
 class FusedHead(DraftHead):
@@ -79,23 +81,10 @@ def teacher_forced_features(model, seqs, layers: list[int]) -> list[torch.Tensor
 
 
 def make_batch(seqs, feats, idx, max_len: int, hidden: int, fused: bool) -> Batch:
-    b = len(idx)
-    length = max(min(len(seqs[i].tokens), max_len) for i in idx)
-    width = feats[idx[0]].shape[-1] if fused else hidden
-    tokens = torch.zeros(b, length, dtype=torch.long)
-    prev = torch.zeros(b, length, width)
-    target = torch.zeros(b, length, hidden)
-    valid = torch.zeros(b, length, dtype=torch.bool)
-    pad = torch.zeros(b, length, dtype=torch.bool)
-    for j, i in enumerate(idx):
-        n = min(len(seqs[i].tokens), max_len)
-        f = feats[i][: n - 1].float()
-        tokens[j, :n] = seqs[i].tokens[:n]
-        prev[j, 1:n] = f if fused else f[:, -hidden:]
-        target[j, : n - 1] = f[:, -hidden:]
-        valid[j, max(seqs[i].prompt_len - 1, 0): n - 1] = True
-        pad[j, :n] = True
-    return Batch(tokens, prev, target, valid, pad)
+    """`train_head.make_batch` over the recomputed features: `prev` keeps every slot for the fused arm and the top
+    feature only for the other; the target is always the top feature."""
+    batch = train_batch([HeadSequence(seqs[i].tokens, feats[i], seqs[i].prompt_len) for i in idx], max_len)
+    return replace(batch, prev=batch.prev if fused else batch.prev[..., -hidden:], target=batch.target[..., -hidden:])
 
 
 def run_arm(name, head, seqs, feats, train_idx, val_idx, args, hidden) -> dict:

@@ -27,8 +27,8 @@ def test_proposals_copy_what_followed_the_latest_longest_match():
     assert look.propose([1, 2, 3, 4, 5, 1, 2]) == [3, 4, 5, 1]           # [1, 2] seen at the start
     assert look.propose([1, 2, 3, 4, 5, 1, 2, 3]) == [4, 5, 1, 2]        # grown: [2, 3] and [1, 2, 3] match
     assert look.propose([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3]) == [9, 2, 3]  # [2, 3] latest after position 5
-    assert look.propose([7, 8, 9]) == []                                 # another sequence: nothing seen twice
-    assert look.propose([5, 5, 5, 5]) == [5]                             # [5, 5, 5] ended at 3: one token follows
+    assert ContextLookup(4).propose([7, 8, 9]) == []                     # nothing seen twice
+    assert ContextLookup(4, max_n=3).propose([5, 5, 5, 5]) == [5]        # [5, 5, 5] ended at 3: one token follows
     assert ContextLookup(2, min_n=3).propose([1, 2, 9, 1, 2]) == []      # a 2-token match is too short
     assert ContextLookup(6, max_n=2).propose([4, 1, 2, 3, 0, 1, 2]) == [3, 0, 1, 2]
 

@@ -165,8 +165,7 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
     out: list[MethodConfig] = []
     for spec in specs:
         for m in parse_method_spec(spec):
-            m.make()  # raises a one-line ArborError on an unknown method or a bad value
-            m.lookup  # and on a bad lookup
+            m.make(), m.lookup  # each raises a one-line ArborError on an unknown method or a bad value
             if m not in out:
                 out.append(m)
     return out

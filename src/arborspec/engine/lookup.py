@@ -20,32 +20,27 @@ from .tree import TokenTree
 
 
 class ContextLookup:
-    """Latest earlier occurrence of the context's last n tokens, for n = max_n .. min_n; indexed incrementally."""
+    """Latest earlier occurrence of the context's last n tokens, for n = max_n .. min_n; indexed incrementally.
+
+    One instance follows one growing sequence (the decoder makes one per generation): each `propose` indexes only
+    the positions the context gained since the last call."""
 
     def __init__(self, max_tokens: int, min_n: int = 2, max_n: int = 4) -> None:
         if max_tokens < 1 or not 1 <= min_n <= max_n:
             raise ValueError(f"lookup needs max_tokens >= 1 and 1 <= min_n <= max_n, got {max_tokens}, {min_n}, {max_n}")
         self.max_tokens, self.min_n, self.max_n = max_tokens, min_n, max_n
-        self.reset()
-
-    def reset(self) -> None:
-        self.tokens: list[int] = []
+        self.indexed = 0  # n-grams ending (exclusive) at 1 .. indexed - 1 are in `ends`
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its latest indexed occurrence
 
-    def _index(self, context: list[int]) -> None:
-        """Index every n-gram that ends before the context's last token: `context[end - n:end]` for end < len
-        (the suffix itself, which ends at len, must not match itself). Only the new ends are indexed."""
-        if context[: len(self.tokens)] != self.tokens:  # another sequence: start over
-            self.reset()
-        start = len(self.tokens)
-        self.tokens = list(context)
-        for end in range(max(start, 1), len(context)):
+    def propose(self, context: list[int]) -> list[int]:
+        """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest matching suffix.
+
+        Indexed first: every n-gram `context[end - n:end]` with end < len(context), i.e. all but the suffix itself
+        (which ends at len and must not match itself)."""
+        for end in range(max(self.indexed, 1), len(context)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self.ends[tuple(context[end - n:end])] = end
-
-    def propose(self, context: list[int]) -> list[int]:
-        """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest matching suffix."""
-        self._index(context)
+        self.indexed = max(self.indexed, len(context))
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(context) <= n:
                 continue
