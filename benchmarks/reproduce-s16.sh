@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Reproduce the fifteenth and sixteenth sessions' figures: an eleventh head stage (fresh self-instructed data, then a
-# fine-tune of the stage-10 head on the stage-8 to 11 data, continued once), its held-out quality, and the int8 target
-# at T = 0 and 0.6 with it. Run from the repository root after `make setup`, on an otherwise idle machine (2 cores).
+# Reproduce the fifteenth to seventeenth sessions' figures: an eleventh head stage (fresh self-instructed data, then a
+# fine-tune of the stage-10 head on the stage-8 to 11 data, continued once), its held-out quality, the int8 target at
+# T = 0 and 0.6 with it, and the value temperature of T = 0's ordered draws. Run from the repository root after
+# `make setup`, on an otherwise idle machine (2 cores). STEPS="2" runs one step.
 # Step 1 generates and trains (~120 min; it needs runs/head8, head9 and head10/data-self-instruct from
-# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-8 measure (~70 min). STEPS="2" runs one step.
-# Step 1 ran in the fifteenth and sixteenth sessions, whose runs/ a new checkout does not have; steps 2-8 ran in the
-# seventeenth session on the shipped head (steps 2's first loop needs step 1's runs and was skipped there: the
-# fifteenth session measured the 14-minute fine-tune at MT-Bench 0.5047 / 0.445 / 0.417 with the same command).
+# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-10 measure (~95 min).
+# Step 1 ran in the fifteenth and sixteenth sessions (their runs/ did not survive); steps 2-10 in the seventeenth.
+# Steps 2-8 ran at 4ca069d, before ordered draws were valued at temperature 0.8 (step 9): from a checkout of 4ca069d
+# they give those figures again; on later code steps 4-6 value the draws at 0.8. Step 2's first loop needs step 1's
+# runs (skipped in the seventeenth session; the fifteenth measured the 14-minute fine-tune at MT-Bench 0.5047 / 0.445
+# / 0.417 with the same command).
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9 10"}
 PREV=07a94a0        # the fourteenth session's last commit: the stage-10 head
 old_head() {        # the stage-10 head, from git
   mkdir -p runs/head10-shipped
@@ -115,4 +118,21 @@ fi
 #    attention kernel alone; the greedy screen of one LM-head row.
 if run 8; then
   $P benchmarks/forward_rows_probe.py --out $OUT/forward-rows-probe-s17.json
+fi
+
+# 9. The value temperature of ordered draws at T = 0 (engine/sampling.ORDERED_VALUE_TEMPERATURE, 0.8 since the
+#    seventeenth session; 1.0 before): chosen on the last 16 prompts of the built-in training pool (accepted lengths
+#    only, no lookup), then A/B on MT-Bench in one process against 1.0 at budgets 8 and 16 with lookup 6.
+if run 9; then
+  $P benchmarks/ordered_value_ab.py --prompts pool --num-prompts 16 --budgets 16 8 --temperatures 1.0 0.9 0.8 0.7 \
+    --lookup 0 --no-timing --out $OUT/ordered-value-pool-s17.json
+  $P benchmarks/ordered_value_ab.py --temperatures 1.0 0.8 --out $OUT/ordered-value-ab-s17.json
+  $P benchmarks/ordered_value_ab.py --temperatures 1.0 0.8 --budgets 16 --out $OUT/ordered-value-ab-b16-s17.json
+fi
+
+# 10. MT-Bench, T = 0, with ordered draws valued at 0.8: DySpec 16 with and without lookup, DySpec 8 with lookup.
+if run 10; then
+  rm -rf $OUT/int8-head-mtbench-t0-s17-value08
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s17-value08 -m dyspec:budget=8:lookup=6 -m dyspec:budget=16 -m dyspec:budget=16:lookup=6
 fi

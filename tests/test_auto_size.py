@@ -14,7 +14,7 @@ from arborspec.drafters import ModelDrafter, NgramDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.cost import CostCurve, measure_cost_curve
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.sampling import GREEDY_DRAFT_TEMPERATURE, SamplingConfig, sampling_config
+from arborspec.engine.sampling import GREEDY_DRAFT_TEMPERATURE, ORDERED_VALUE_TEMPERATURE, SamplingConfig, sampling_config
 from arborspec.errors import ArborError
 
 from conftest import TableDrafter, random_table, table_ctx
@@ -266,7 +266,7 @@ def test_draft_temperature_is_the_draft_side_at_greedy_only():
     with pytest.raises(ArborError, match="draft temperature must be >= 0"):
         SamplingConfig(0.0, draft_temperature=-0.5)
     ordered = SamplingConfig(0.0, draft_temperature=0.0).draft_side()
-    assert ordered.ordered_draws and ordered.temperature == 1.0  # top tokens in order, valued at temperature 1
+    assert ordered.ordered_draws and ordered.temperature == ORDERED_VALUE_TEMPERATURE == 0.8  # top tokens in order
     assert not SamplingConfig(0.7, draft_temperature=0.0).draft_side().ordered_draws
     with pytest.raises(TypeError):  # only the draft side of a greedy target draws in order
         SamplingConfig(0.7, ordered_draws=True)
@@ -290,6 +290,28 @@ def test_ordered_draws_take_the_most_likely_tokens_and_stay_greedy_identical(tin
             probs = ctx.probs(tree, [node])[0]
             top = torch.topk(probs, len(kids)).indices.tolist()
             assert [tree.tokens[k] for k in kids] == top, (name, node)
+
+
+def test_ordered_draws_are_valued_at_the_ordered_value_temperature(tiny_pair):
+    """At T = 0 the builders value ordered draws with the draft distribution at temperature 0.8: DySpec's node values
+    are the products of softmax(logits / 0.8) along each path, exactly (at temperature 1 they would differ)."""
+    from arborspec.engine.contracts import DraftContext
+
+    _, draft = tiny_pair
+    drafter = ModelDrafter(draft)
+    cfg = SamplingConfig(0.0).draft_side()
+    root_logits = drafter.begin(PROMPTS[0])
+    ctx = DraftContext(drafter, cfg, torch.Generator().manual_seed(0), root_logits)
+    tree = make_builder("dyspec", budget=8).build(ctx, PROMPTS[0][-1])
+    sharp = torch.softmax(root_logits.double() / 0.8, -1)
+    assert torch.allclose(ctx.probs(tree, [0])[0].double(), sharp, atol=1e-6)
+    assert not torch.allclose(sharp, torch.softmax(root_logits.double(), -1), atol=1e-3)
+    for node in range(1, tree.num_nodes):
+        path = [0] + tree.path_to(node)  # root ... node
+        value = 1.0
+        for parent, child in zip(path, path[1:]):
+            value *= float(ctx.probs(tree, [parent])[0, tree.tokens[child]])
+        assert tree.values[node] == pytest.approx(value, rel=1e-4), node
 
 
 @pytest.mark.parametrize("name", ["dyspec", "sequoia", "specinfer"])

@@ -33,7 +33,7 @@ def test_greedy_is_one_hot_argmax():
 
 def test_draft_side_of_greedy_is_a_real_distribution():
     cfg = SamplingConfig(0.0, top_k=3)
-    assert cfg.draft_side().temperature == 1.0 and cfg.draft_side().top_k == 3
+    assert cfg.draft_side().temperature == 0.8 and cfg.draft_side().top_k == 3  # ordered draws' value temperature
     assert SamplingConfig(0.6).draft_side() == SamplingConfig(0.6)
 
 

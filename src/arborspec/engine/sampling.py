@@ -15,8 +15,10 @@ temperature 0 the draft side uses the target's own transform.
 `draft_temperature = 0` asks for *ordered draws* at target temperature 0: the
 builders that draw children without replacement (chain, Sequoia, DySpec) take
 each node's most likely draft tokens in order instead of sampling them, and
-value them with the untempered draft distribution (temperature 1). Greedy
-verification makes this lossless too.
+value them with the draft distribution at `ORDERED_VALUE_TEMPERATURE` (0.8: the
+draft head is under-confident, and slightly sharpened values grow deeper trees
+where it is confident; measured, docs/algorithms.md §7). Greedy verification
+makes this lossless too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from ..errors import ArborError
 
 GREEDY_DRAFT_TEMPERATURE = 0.0  # draft side at target temperature 0: ordered draws (docs/algorithms.md §7)
+ORDERED_VALUE_TEMPERATURE = 0.8  # the temperature ordered draws are valued at (module docstring; docs/algorithms.md §7)
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class SamplingConfig:
         if not self.greedy:
             return self
         temperature = GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
-        if temperature == 0:  # ordered draws, valued at temperature 1 (module docstring)
-            ordered = replace(self, temperature=1.0, draft_temperature=None)
+        if temperature == 0:  # ordered draws, valued at ORDERED_VALUE_TEMPERATURE (module docstring)
+            ordered = replace(self, temperature=ORDERED_VALUE_TEMPERATURE, draft_temperature=None)
             object.__setattr__(ordered, "ordered_draws", True)
             return ordered
         return replace(self, temperature=temperature, draft_temperature=None)
