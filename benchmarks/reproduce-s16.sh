@@ -4,14 +4,14 @@
 # T = 0 and 0.6 with it, and the value temperature of T = 0's ordered draws. Run from the repository root after
 # `make setup`, on an otherwise idle machine (2 cores). STEPS="2" runs one step.
 # Step 1 generates and trains (~120 min; it needs runs/head8, head9 and head10/data-self-instruct from
-# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-10 measure (~95 min).
-# Step 1 ran in the fifteenth and sixteenth sessions (their runs/ did not survive); steps 2-10 in the seventeenth.
+# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-11 measure (~100 min).
+# Step 1 ran in the fifteenth and sixteenth sessions (their runs/ did not survive); steps 2-11 in the seventeenth.
 # Steps 2-8 ran at 4ca069d, before ordered draws were valued at temperature 0.8 (step 9): from a checkout of 4ca069d
 # they give those figures again; on later code steps 4-6 value the draws at 0.8. Step 2's first loop needs step 1's
 # runs (skipped in the seventeenth session; the fifteenth measured the 14-minute fine-tune at MT-Bench 0.5047 / 0.445
 # / 0.417 with the same command).
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9 10"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9 10 11"}
 PREV=07a94a0        # the fourteenth session's last commit: the stage-10 head
 old_head() {        # the stage-10 head, from git
   mkdir -p runs/head10-shipped
@@ -135,4 +135,11 @@ if run 10; then
   rm -rf $OUT/int8-head-mtbench-t0-s17-value08
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --out $OUT/int8-head-mtbench-t0-s17-value08 -m dyspec:budget=8:lookup=6 -m dyspec:budget=16 -m dyspec:budget=16:lookup=6
+fi
+
+# 11. budget=auto at T = 0 with ordered draws valued at 0.8, with and without lookup, beside DySpec 8 with lookup.
+if run 11; then
+  rm -rf $OUT/int8-head-mtbench-t0-s17-auto
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s17-auto -m dyspec:budget=auto -m dyspec:budget=auto:lookup=6 -m dyspec:budget=8:lookup=6
 fi
