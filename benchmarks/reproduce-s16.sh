@@ -116,10 +116,8 @@ fi
 
 # 8. Where a tree forward's extra time goes: one row against nine over a 300-token cache, by operator; the float64
 #    attention kernel alone; the greedy screen of one LM-head row.
-#    forward-rows-probe-s17.json ran at 4ca069d; -screen.json on the code whose screen gathers its outlier rows with
-#    index_select (after step 11).
 if run 8; then
-  $P benchmarks/forward_rows_probe.py --out $OUT/forward-rows-probe-s17-screen.json
+  $P benchmarks/forward_rows_probe.py --out $OUT/forward-rows-probe-s17.json
 fi
 
 # 9. The value temperature of ordered draws at T = 0 (engine/sampling.ORDERED_VALUE_TEMPERATURE, 0.8 since the

@@ -88,7 +88,7 @@ class GreedyScreen:
         rest = row.clone()
         rest[0, keep] = 0.0
         approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
-        approx = approx[0] + (row[:, keep] @ self.weight_t.index_select(0, keep))[0]  # index_select: 4x faster than [keep]
+        approx = approx[0] + (row[:, keep] @ self.weight_t[keep])[0]
         scale = float(scale)
         xd = x[0].double()
         rounded = torch.round(xd)
