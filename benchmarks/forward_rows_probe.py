@@ -14,7 +14,6 @@ machine: read them as shares and ratios.
 from __future__ import annotations
 
 import argparse
-import time
 from collections import defaultdict
 
 import torch
@@ -23,19 +22,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from arborspec.common.jsonfiles import report_json
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.timing import median_seconds
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
 
-def median_us(fn, reps: int, after=None) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if after is not None:
-            after()
-    return round(sorted(times)[reps // 2] * 1e6, 1)
+def median_us(fn, reps: int, warmup: int = 0) -> float:
+    return round(median_seconds(fn, reps, warmup=warmup) * 1e6, 1)
 
 
 def main() -> None:
@@ -53,21 +46,24 @@ def main() -> None:
     parent = 0
     for i in range(8):
         parent = chain.add(parent, 100 + i, 0.5)
-    kinds = {"1 row": lambda: target.hidden_forward(torch.tensor([7])),
-             "9 rows": lambda: target.tree_forward(chain, lazy=True)}
-    back = lambda: target.crop_to(a.cache)  # noqa: E731
-    for fn in kinds.values():  # warm-up
-        fn(), back()
+    def forward(rows: int) -> None:  # one forward, then the cache cropped back (a view: microseconds)
+        if rows == 1:
+            target.hidden_forward(torch.tensor([7]))
+        else:
+            target.tree_forward(chain, lazy=True)
+        target.crop_to(a.cache)
+
+    kinds = {"1 row": lambda: forward(1), "9 rows": lambda: forward(9)}
     wall: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(3):  # interleaved rounds
+    for round_ in range(3):  # interleaved rounds, the first after a warm-up forward of each kind
         for k, fn in kinds.items():
-            wall[k].append(median_us(fn, a.reps, back))
+            wall[k].append(median_us(fn, a.reps, warmup=int(round_ == 0)))
     ops = {}
     for k, fn in kinds.items():
         per = defaultdict(float)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(a.reps):
-                fn(), back()
+                fn()
         for e in prof.key_averages():
             per[e.key] += e.self_cpu_time_total / a.reps
         ops[k] = per
@@ -81,13 +77,11 @@ def main() -> None:
         q = torch.randn(1, 9, rows, 64, dtype=torch.float64, generator=gen)
         for name, (qq, kk, vv) in {"float64": (q, k, v), "float32": (q.float(), k.float(), v.float())}.items():
             call = lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True)  # noqa: E731
-            for _ in range(20):
-                call()
-            attention[f"{name}, {rows} query rows"] = median_us(call, 10 * a.reps)
+            attention[f"{name}, {rows} query rows"] = median_us(call, 10 * a.reps, warmup=20)
 
     screen = target.head.screen
     hidden = target.hidden_forward(torch.tensor([7]))[-1:].float()
-    back()
+    target.crop_to(a.cache)
     keep = hidden[0].abs().topk(screen.OUTLIERS).indices
     screen_us = {"argmax of one row": median_us(lambda: screen.argmax(hidden), 10 * a.reps),
                  "outlier rows by advanced indexing (weight_t[keep])": median_us(lambda: screen.weight_t[keep], 10 * a.reps),

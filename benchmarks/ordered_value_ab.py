@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/ordered_value_ab.py --prompts pool --num-prompts 16 --no-timing ...  # accepted lengths only
 
 At target temperature 0 the builders that draw without replacement take each node's most likely draft tokens in
-order and value them with the draft distribution at `engine/sampling.ORDERED_VALUE_TEMPERATURE`. Per prompt, plain
+order and value them with the draft distribution at `SamplingConfig.value_temperature` (engine/sampling.py;
+`arborspec bench -m dyspec:budget=8:value_temperature=1.0` sets it per method too). Per prompt, plain
 decoding and one decoder per value temperature run one after the other on the same loaded int8 target and draft
 head (interleaved, the decoders' order alternating from prompt to prompt), with the same builder; every output is
 checked token-identical to plain decoding. Speedup = plain seconds per token / method seconds per token over all
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -24,8 +26,8 @@ from arborspec.builders import make_builder
 from arborspec.common.chat import encode_prompt, eos_ids
 from arborspec.common.jsonfiles import report_json
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
-from arborspec.engine import sampling
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.sampling import SamplingConfig
 from arborspec.models import load_pair
 from arborspec.offline.head_data import head_prompts
 
@@ -56,8 +58,7 @@ def main() -> None:
             for b in args.budgets for t in args.temperatures}
 
     def run(arm, ids):
-        sampling.ORDERED_VALUE_TEMPERATURE = arm[1]  # read by SamplingConfig.draft_side at every generation
-        return arms[arm].generate(ids, cfg)
+        return arms[arm].generate(ids, replace(cfg, sampling=SamplingConfig(0.0, value_temperature=arm[1])))
 
     for arm in arms:  # warm-up, untimed
         run(arm, prompts[0])

@@ -4,14 +4,14 @@
 # T = 0 and 0.6 with it, and the value temperature of T = 0's ordered draws. Run from the repository root after
 # `make setup`, on an otherwise idle machine (2 cores). STEPS="2" runs one step.
 # Step 1 generates and trains (~120 min; it needs runs/head8, head9 and head10/data-self-instruct from
-# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-11 measure (~100 min).
-# Step 1 ran in the fifteenth and sixteenth sessions (their runs/ did not survive); steps 2-11 in the seventeenth.
-# Steps 2-8 ran at 4ca069d, before ordered draws were valued at temperature 0.8 (step 9): from a checkout of 4ca069d
-# they give those figures again; on later code steps 4-6 value the draws at 0.8. Step 2's first loop needs step 1's
+# reproduce-s12.sh, reproduce-s13.sh and reproduce-s14.sh step 1); steps 2-12 measure (~105 min).
+# Step 1 ran in the fifteenth and sixteenth sessions (their runs/ did not survive); steps 2-12 in the seventeenth.
+# Steps 2-7 ran at 4ca069d, before ordered draws were valued at temperature 0.8 (step 9): from a checkout of 4ca069d
+# they give those figures again; on later code steps 4-6 value the draws at 0.8 (step 12 runs both in one process). Step 2's first loop needs step 1's
 # runs (skipped in the seventeenth session; the fifteenth measured the 14-minute fine-tune at MT-Bench 0.5047 / 0.445
 # / 0.417 with the same command).
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9 10 11"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9 10 11 12"}
 PREV=07a94a0        # the fourteenth session's last commit: the stage-10 head
 old_head() {        # the stage-10 head, from git
   mkdir -p runs/head10-shipped
@@ -124,6 +124,18 @@ fi
 #    seventeenth session; 1.0 before): chosen on the last 16 prompts of the built-in training pool (accepted lengths
 #    only, no lookup), then A/B on MT-Bench in one process against 1.0 at budgets 8 and 16 with lookup 6.
 if run 9; then
+  $P - <<'PY'   # why: acceptance of DySpec 16's examined children by draft probability, from step 4's results
+import json
+from arborspec.bench.metrics import acceptance_by_draft_prob
+from arborspec.bench.report import read_results
+runs = [r for r in read_results("benchmarks/int8-head-mtbench-t0-s16/results.jsonl")[1] if r["method"] == "dyspec:budget=16"]
+centres, rates, counts = acceptance_by_draft_prob(runs)
+rows = [{"draft_prob": f"{c - 0.05:.1f}-{c + 0.05:.1f}", "accepted": None if r is None else round(r, 3), "children": n}
+        for c, r, n in zip(centres, rates, counts)]
+json.dump({"results": "benchmarks/int8-head-mtbench-t0-s16/results.jsonl", "method": "dyspec:budget=16", "bins": rows},
+          open("benchmarks/acceptance-by-draft-prob-s16.json", "w"), indent=2)
+print(json.dumps(rows))
+PY
   $P benchmarks/ordered_value_ab.py --prompts pool --num-prompts 16 --budgets 16 8 --temperatures 1.0 0.9 0.8 0.7 \
     --lookup 0 --no-timing --out $OUT/ordered-value-pool-s17.json
   $P benchmarks/ordered_value_ab.py --temperatures 1.0 0.8 --out $OUT/ordered-value-ab-s17.json
@@ -142,4 +154,13 @@ if run 11; then
   rm -rf $OUT/int8-head-mtbench-t0-s17-auto
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --out $OUT/int8-head-mtbench-t0-s17-auto -m dyspec:budget=auto -m dyspec:budget=auto:lookup=6 -m dyspec:budget=8:lookup=6
+fi
+
+# 12. Before/after of the value temperature in one arborspec bench run, interleaved per prompt with plain decoding:
+#     value_temperature=1.0 (the old valuation) beside the default 0.8, DySpec 8 with lookup and DySpec 16.
+if run 12; then
+  rm -rf $OUT/int8-head-mtbench-t0-s17-value-ab
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s17-value-ab -m dyspec:budget=8:lookup=6:value_temperature=1.0 \
+    -m dyspec:budget=8:lookup=6 -m dyspec:budget=16:value_temperature=1.0 -m dyspec:budget=16
 fi

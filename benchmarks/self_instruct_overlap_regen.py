@@ -3,9 +3,8 @@
     .venv/bin/python benchmarks/self_instruct_overlap_regen.py --seed 6 --batches 107 --openings \
         --out benchmarks/self-instruct-overlap-s15.json
 
-`train-head --self-instruct` writes each batch's user messages with `offline/self_instruct.write_queries`, seeded by
-the data seed and the batch index only (`offline/head_data.generate_head_data`), on the float32 target. This script
-writes the same batches' messages again the same way (no answers: a few seconds a batch instead of a minute) and
+`train-head --self-instruct` writes each batch's user messages with `offline/head_data.batch_queries`, seeded by the
+data seed and the batch index only, on the float32 target. This script writes the same batches' messages again with it (no answers: a few seconds a batch instead of a minute) and
 runs `offline/prompt_overlap.benchmark_overlap` on them. The count of closed messages is compared with the count
 the stage recorded (`--expect`): equal counts say the regenerated messages are the stage's (same torch build and
 kernels); the script says so in its output either way.
@@ -19,13 +18,10 @@ import time
 import torch
 
 from arborspec.common.chat import eos_ids
-from arborspec.common.datafiles import mt_bench_file, read_jsonl
 from arborspec.common.jsonfiles import report_json
 from arborspec.models import load_model, load_tokenizer
-from arborspec.offline.draft_quality import humaneval_prompts
-from arborspec.offline.head_data import HeadDataConfig
-from arborspec.offline.prompt_overlap import benchmark_overlap, ngrams
-from arborspec.offline.self_instruct import write_queries
+from arborspec.offline.head_data import HeadDataConfig, batch_queries
+from arborspec.offline.prompt_overlap import benchmark_overlap, benchmark_references
 
 
 def main() -> None:
@@ -40,25 +36,19 @@ def main() -> None:
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = HeadDataConfig()
+    cfg = HeadDataConfig(seed=a.seed, query_openings=a.openings)
     tok = load_tokenizer(a.target)
     model = load_model(a.target, "cpu", "float32")
     end = set(eos_ids(tok, model))
     messages: list[str] = []
     t0 = time.time()
     for b in range(a.batches):
-        messages += write_queries(model, tok, cfg.batch_size, seed=a.seed * 104_729 + b, end_ids=end,
-                                  max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature,
-                                  openings=a.openings)
+        messages += batch_queries(model, tok, cfg, b, cfg.batch_size, end)
         print(f"batch {b + 1}/{a.batches}: {len(messages)} messages, {time.time() - t0:.0f} s", flush=True)
-    mt_bench = [turn for row in read_jsonl(mt_bench_file()) for turn in row["turns"]]
-    res = benchmark_overlap(messages, {"mt_bench": mt_bench, "humaneval": humaneval_prompts()}, a.ngram)
+    res = benchmark_overlap(messages, benchmark_references(), a.ngram)
     res |= {"asked": a.batches * cfg.batch_size, "seed": a.seed, "regenerated": True,
             "expected_messages": a.expect or None,
             "matches_stage_count": (len(messages) == a.expect) if a.expect else None}
-    for name, texts in (("mt_bench", mt_bench), ("humaneval", humaneval_prompts())):  # the messages behind the counts
-        grams = set().union(*(ngrams(t, a.ngram) for t in texts))
-        res[name]["examples"] = [m for m in messages if ngrams(m, a.ngram) & grams][:10]
     report_json(res, a.out)
 
 

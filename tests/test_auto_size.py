@@ -267,6 +267,10 @@ def test_draft_temperature_is_the_draft_side_at_greedy_only():
         SamplingConfig(0.0, draft_temperature=-0.5)
     ordered = SamplingConfig(0.0, draft_temperature=0.0).draft_side()
     assert ordered.ordered_draws and ordered.temperature == ORDERED_VALUE_TEMPERATURE == 0.8  # top tokens in order
+    assert SamplingConfig(0.0, value_temperature=1.0).draft_side().temperature == 1.0
+    assert SamplingConfig(0.0, value_temperature=1.0, draft_temperature=0.4).draft_side().temperature == 0.4
+    with pytest.raises(ArborError, match="value temperature of ordered draws must be > 0"):
+        SamplingConfig(0.0, value_temperature=0.0)
     assert not SamplingConfig(0.7, draft_temperature=0.0).draft_side().ordered_draws
     with pytest.raises(TypeError):  # only the draft side of a greedy target draws in order
         SamplingConfig(0.7, ordered_draws=True)

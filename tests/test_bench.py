@@ -249,6 +249,24 @@ def test_run_bench_end_to_end(tiny_dirs, tmp_path):
         run_bench(_cfg(tiny_dirs, tmp_path / "run"), quiet=True)
 
 
+def test_value_temperature_is_a_per_method_draft_side_key(tiny_dirs, tmp_path):
+    """`value_temperature=V` values T = 0's ordered draws at V for that method only (not a builder parameter): the
+    tokens stay the baseline's, and the examined draft probabilities differ from the default's (0.8)."""
+    methods = ["dyspec:budget=4", "dyspec:budget=4:value_temperature=1.0"]
+    ms = expand_methods(methods)
+    assert [m.value_temperature for m in ms] == [None, 1.0] and ms[0].make() == ms[1].make()
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(ArborError, match="value_temperature"):
+            expand_methods([f"dyspec:budget=4:value_temperature={bad}"])
+    path = run_bench(_cfg(tiny_dirs, tmp_path / "vt", methods=methods, temperatures=[0.0], seeds=[0],
+                          compare_hf_assisted=False), quiet=True)
+    runs = read_results(path)[1]
+    spec = {m: [r for r in runs if r["method"] == m] for m in methods}
+    assert all(r["same_as_baseline"] for rs in spec.values() for r in rs)
+    probs = {m: [p for r in rs for step in r["steps"]["examined_draft_probs"] for p in step] for m, rs in spec.items()}
+    assert probs[methods[0]] and probs[methods[0]] != probs[methods[1]]
+
+
 def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path, monkeypatch):
     from arborspec.bench import run as bench
 

@@ -125,7 +125,7 @@ def test_benchmark_overlap_counts_exact_and_shared_ngrams():
                 "Compose an engaging travel blog post about Spain.",  # 7 shared words only
                 "How do magnets work?"]
     res = benchmark_overlap(messages, refs, n=8)
-    assert res["set"] == {"texts": 1, "exact": 1, "sharing_ngram": 2}
+    assert res["set"] == {"texts": 1, "exact": 1, "sharing_ngram": 2, "examples": messages[:2]}
     assert res["messages"] == 4 and res["distinct"] == 4
 
 

@@ -248,9 +248,7 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
                     break
                 sampled = random.Random(cfg.seed * 1_000_003 + b).random() < cfg.sample_fraction
                 if self_instruct:
-                    queries = write_queries(model, tokenizer, len(idx), seed=cfg.seed * 104_729 + b, end_ids=eos_set,
-                                            max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature,
-                                            openings=cfg.query_openings)
+                    queries = batch_queries(model, tokenizer, cfg, b, len(idx), eos_set)
                     enc = [encode_prompt(tokenizer, q)[-cfg.max_prompt_tokens:] for q in queries]
                 else:
                     enc = [encoded[i] for i in idx]
@@ -267,6 +265,13 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
     finally:
         recorder.close()
     return {"tokens": stored, "new_tokens_this_run": new_tokens}
+
+
+def batch_queries(model, tokenizer, cfg: HeadDataConfig, batch: int, n: int, end_ids: set[int]) -> list[str]:
+    """The self-instructed user messages of data batch `batch` (`self_instruct.write_queries`, seeded by the data
+    seed and the batch index only, so a batch's messages can be written again without its answers)."""
+    return write_queries(model, tokenizer, n, seed=cfg.seed * 104_729 + batch, end_ids=end_ids,
+                         max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature, openings=cfg.query_openings)
 
 
 @torch.inference_mode()

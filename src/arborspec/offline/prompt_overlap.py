@@ -28,22 +28,31 @@ def ngrams(text: str, n: int) -> set[str]:
     return {" ".join(w[i:i + n]) for i in range(len(w) - n + 1)}
 
 
-def benchmark_overlap(messages: list[str], references: dict[str, list[str]], n: int = 8) -> dict:
-    """Per reference set: messages equal to one of its texts, and messages sharing an n-word sequence with one."""
+def benchmark_overlap(messages: list[str], references: dict[str, list[str]], n: int = 8, examples: int = 10) -> dict:
+    """Per reference set: messages equal to one of its texts, messages sharing an n-word sequence with one, and the
+    first `examples` of the latter (to be read)."""
     out = {"messages": len(messages), "distinct": len(set(messages)),
            "mean_words": round(sum(len(words(m)) for m in messages) / max(len(messages), 1), 2), "ngram": n}
     for name, texts in references.items():
         exact = {" ".join(words(t)) for t in texts}
         grams = set().union(*(ngrams(t, n) for t in texts)) if texts else set()
+        sharing = [m for m in messages if ngrams(m, n) & grams]
         out[name] = {"texts": len(texts), "exact": sum(" ".join(words(m)) in exact for m in messages),
-                     "sharing_ngram": sum(bool(ngrams(m, n) & grams) for m in messages)}
+                     "sharing_ngram": len(sharing), "examples": sharing[:examples]}
     return out
 
 
-def main(argv=None) -> int:
+def benchmark_references() -> dict[str, list[str]]:
+    """The benchmark texts training prompts must not overlap: every MT-Bench turn and every HumanEval prompt."""
     from ..common.datafiles import mt_bench_file, read_jsonl
-    from ..models import load_tokenizer
     from .draft_quality import humaneval_prompts
+
+    return {"mt_bench": [turn for row in read_jsonl(mt_bench_file()) for turn in row["turns"]],
+            "humaneval": humaneval_prompts()}
+
+
+def main(argv=None) -> int:
+    from ..models import load_tokenizer
     from .head_data import load_head_data
     from .self_instruct import user_message
 
@@ -55,8 +64,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     tok = load_tokenizer(a.target)
     messages = [user_message(tok, s.tokens[:s.prompt_len].tolist()) for s in load_head_data(Path(a.data_dir))]
-    mt_bench = [turn for row in read_jsonl(mt_bench_file()) for turn in row["turns"]]
-    res = benchmark_overlap(messages, {"mt_bench": mt_bench, "humaneval": humaneval_prompts()}, a.ngram)
+    res = benchmark_overlap(messages, benchmark_references(), a.ngram)
     shards = len(list(Path(a.data_dir).glob("shard_*.safetensors")))
     batch = json.loads((Path(a.data_dir) / "meta.json").read_text())["settings"]["batch_size"]
     res["asked"] = shards * batch  # user messages asked for in the stored batches (the rest were not closed in time)
