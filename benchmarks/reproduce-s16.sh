@@ -122,7 +122,7 @@ fi
 
 # 9. The value temperature of ordered draws at T = 0 (engine/sampling.ORDERED_VALUE_TEMPERATURE, 0.8 since the
 #    seventeenth session; 1.0 before): chosen on the last 16 prompts of the built-in training pool (accepted lengths
-#    only, no lookup), then A/B on MT-Bench in one process against 1.0 at budgets 8 and 16 with lookup 6.
+#    only, no lookup); its speed against 1.0 on MT-Bench is step 12.
 if run 9; then
   $P - <<'PY'   # why: acceptance of DySpec 16's examined children by draft probability, from step 4's results
 import json
@@ -136,10 +136,8 @@ json.dump({"results": "benchmarks/int8-head-mtbench-t0-s16/results.jsonl", "meth
           open("benchmarks/acceptance-by-draft-prob-s16.json", "w"), indent=2)
 print(json.dumps(rows))
 PY
-  $P benchmarks/ordered_value_ab.py --prompts pool --num-prompts 16 --budgets 16 8 --temperatures 1.0 0.9 0.8 0.7 \
-    --lookup 0 --no-timing --out $OUT/ordered-value-pool-s17.json
-  $P benchmarks/ordered_value_ab.py --temperatures 1.0 0.8 --out $OUT/ordered-value-ab-s17.json
-  $P benchmarks/ordered_value_ab.py --temperatures 1.0 0.8 --budgets 16 --out $OUT/ordered-value-ab-b16-s17.json
+  $P benchmarks/ordered_value_ab.py --num-prompts 16 --budgets 16 8 --temperatures 1.0 0.9 0.8 0.7 \
+    --out $OUT/ordered-value-pool-s17.json
 fi
 
 # 10. MT-Bench, T = 0, with ordered draws valued at 0.8: DySpec 16 with and without lookup, DySpec 8 with lookup.
