@@ -257,6 +257,26 @@ def test_measure_cost_curve_on_a_tiny_model(tiny_pair):
     assert all(r > 0 for r in curve.relative) and curve.draft_cost > 0 and curve.context == 16
 
 
+def test_cost_curve_keeps_each_sizes_fastest_round(tiny_pair, monkeypatch):
+    """One interrupted t(1) (a garbage collection, another process) must not shrink every ratio: each size keeps
+    its fastest timed round (round 0 warms up and is not kept)."""
+    import arborspec.engine.cost as cost
+
+    base, calls = [1.0, 1.3, 1.6], []
+
+    def fake_seconds(fn, reps, warmup=0):
+        fn()
+        i, round_ = len(calls) % 3, len(calls) // 3
+        calls.append(i)
+        return base[i] * (3.0 if (round_, i) == (1, 0) else 1.0) * (50.0 if round_ == 0 else 1.0)
+
+    monkeypatch.setattr(cost, "median_seconds", fake_seconds)
+    target, _ = tiny_pair
+    sizes, relative, one = cost.measure_target_times(ModelAdapter(target), list(range(5, 21)), sizes=(1, 4, 8), repeats=2)
+    assert sizes == [1, 4, 8] and len(calls) == 9
+    assert relative == pytest.approx([1.0, 1.3, 1.6]) and one == pytest.approx(1.0)
+
+
 # --------------------------------------------------------------------------- draft temperature at T = 0
 def test_draft_temperature_is_the_draft_side_at_greedy_only():
     assert SamplingConfig(0.0).draft_side() == SamplingConfig(0.0, draft_temperature=GREEDY_DRAFT_TEMPERATURE).draft_side()
