@@ -88,7 +88,7 @@ class GreedyScreen:
         rest = row.clone()
         rest[0, keep] = 0.0
         approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
-        approx = approx[0] + (row[:, keep] @ self.weight_t[keep])[0]
+        approx = approx[0].add_((row[:, keep] @ self.weight_t.index_select(0, keep))[0])
         scale = float(scale)
         xd = x[0].double()
         rounded = torch.round(xd)
@@ -103,7 +103,7 @@ class GreedyScreen:
         row = hidden.reshape(1, -1).float()
         approx, bound = self.bounds(row)
         floor = (approx - bound).max()
-        cand = torch.nonzero(approx + bound >= floor)[:, 0]
+        cand = torch.nonzero(approx.add_(bound) >= floor)[:, 0]  # approx is ours: its upper bounds in place
         if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
             return None
         self.candidates += cand.numel()
