@@ -346,7 +346,7 @@ def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
 
 
 def step_overheads(runs: list[dict], field: str = "step_overhead") -> dict[str, list[float]]:
-    """Per method label, the overheads (`step_overhead`, or `draft_overhead` per draft forward) its recorded runs
+    """Per method label, the overheads (`step_overhead`, or a learnt slope: `draft_overhead`, `token_cost`, `node_cost`) its recorded runs
     were sized with, in run order (each learnt from the decoder's previous generation)."""
     out: dict[str, list[float]] = {}
     for r in runs:
@@ -416,6 +416,12 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
                       "compaction, the draft catching up; / t(1)), learnt the same way: "
                       + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
                                   for m, o in per_token.items()) + "."]
+        per_node = step_overheads(runs, "node_cost")
+        if per_node:
+            lines += ["", "Per draft node, the step time it added beyond the curve's t(n + 1) (a real step's contexts, "
+                      "masks and cold caches; the node's drawing), learnt the same way (/ t(1)): "
+                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
+                                  for m, o in per_node.items()) + "."]
         lines.append("")
     lines += lookup_lines(runs)
     if notes:

@@ -170,7 +170,8 @@ class SpeculativeDecoder:
                                 config={"builder": self.builder.describe(), "verifier": verifier_name}
                                 | ({"step_overhead": round(self.cost.step_overhead, 4),
                                    "draft_overhead": round(self.cost.draft_overhead, 4),
-                                   "token_cost": round(self.cost.token_cost, 4)} if self.builder.needs_cost else {}))
+                                   "token_cost": round(self.cost.token_cost, 4),
+                                   "node_cost": round(self.cost.node_cost, 4)} if self.builder.needs_cost else {}))
 
     def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
               draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
