@@ -345,9 +345,23 @@ def plot_speedup_by_category(groups: list[CategorySummary], path: Path) -> None:
     _save(plt, fig, path, outside_legend=True)
 
 
+# what budget=auto learnt (engine/cost.CostCurve.with_overhead_of), as the report words each
+LEARNT_COSTS = (
+    ("step_overhead", "Step overhead each `budget=auto` method sized its trees with, learnt from its decoder's previous "
+                      "generation (time per step outside the timed forwards / t(1); median and range over its recorded "
+                      "runs; docs/algorithms.md §7)"),
+    ("draft_overhead", "Per draft forward, the step time it added beyond the timed draft forward, learnt the same way "
+                       "(drawing children, bookkeeping; / t(1))"),
+    ("token_cost", "Per committed token, the step time it added (the verifier's LM-head row for it, cache compaction, "
+                   "the draft catching up; / t(1)), learnt the same way"),
+    ("node_cost", "Per draft node, the step time it added beyond the curve's t(n + 1) (a real step's contexts, masks "
+                  "and cold caches; the node's drawing), learnt the same way (/ t(1))"),
+)
+
+
 def step_overheads(runs: list[dict], field: str = "step_overhead") -> dict[str, list[float]]:
-    """Per method label, the overheads (`step_overhead`, or a learnt slope: `draft_overhead`, `token_cost`, `node_cost`) its recorded runs
-    were sized with, in run order (each learnt from the decoder's previous generation)."""
+    """Per method label, what its recorded runs were sized with (`step_overhead`, or a learnt slope: `draft_overhead`,
+    `token_cost`, `node_cost`; `LEARNT_COSTS`), in run order (each learnt from the decoder's previous generation)."""
     out: dict[str, list[float]] = {}
     for r in runs:
         value = (r.get("config") or {}).get(field)
@@ -397,31 +411,11 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
         for p, c in curves:
             pts = ", ".join(f"{n}: {r:.2f}" for n, r in zip(c["tokens"], c["relative"]))
             lines.append(f"* `{p}`: t(1) = {1000 * c['one_token_s']:.1f} ms; {pts}; draft {c['draft_cost']:.3f}")
-        learnt = step_overheads(runs)
-        if learnt:
-            lines += ["", "Step overhead each `budget=auto` method sized its trees with, learnt from its decoder's "
-                      "previous generation (time per step outside the timed forwards / t(1); median and range over "
-                      "its recorded runs; docs/algorithms.md §7): "
-                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
-                                  for m, o in learnt.items()) + "."]
-        per_forward = step_overheads(runs, "draft_overhead")
-        if per_forward:
-            lines += ["", "Per draft forward, the step time it added beyond the timed draft forward, learnt the same way "
-                      "(drawing children, bookkeeping; / t(1)): "
-                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
-                                  for m, o in per_forward.items()) + "."]
-        per_token = step_overheads(runs, "token_cost")
-        if per_token:
-            lines += ["", "Per committed token, the step time it added (the verifier's LM-head row for it, cache "
-                      "compaction, the draft catching up; / t(1)), learnt the same way: "
-                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
-                                  for m, o in per_token.items()) + "."]
-        per_node = step_overheads(runs, "node_cost")
-        if per_node:
-            lines += ["", "Per draft node, the step time it added beyond the curve's t(n + 1) (a real step's contexts, "
-                      "masks and cold caches; the node's drawing), learnt the same way (/ t(1)): "
-                      + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
-                                  for m, o in per_node.items()) + "."]
+        for field, what in LEARNT_COSTS:
+            learnt = step_overheads(runs, field)
+            if learnt:
+                lines += ["", what + ": " + ", ".join(f"`{m}` {statistics.median(o):.3f} ({min(o):.3f}-{max(o):.3f})"
+                                                      for m, o in learnt.items()) + "."]
         lines.append("")
     lines += lookup_lines(runs)
     if notes:
