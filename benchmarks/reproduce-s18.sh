@@ -5,7 +5,7 @@
 # Steps 1-4 ran at 2192a55; step 5 after the learnt per-node cost (the commit after 2192a55's successors that adds
 # CostCurve.node_cost). Run from the repository root after `make setup`, on an otherwise idle machine (2 cores), ~75 min. STEPS="2" runs one step.
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
 
 # 1. The greedy screen of one LM-head row before (fd6fbd8) and after 2192a55, in one process.
 if run 1; then
@@ -56,4 +56,17 @@ fi
 # 7. Where a step's time goes: DySpec 8 with lookup on 6 MT-Bench prompts, its calls timed in the generations.
 if run 7; then
   $P benchmarks/step_split_probe.py --out $OUT/step-split-s18.json
+fi
+
+# 8. Before/after of the learnt per-node cost in one arborspec bench process, interleaved per prompt with plain
+#    decoding: DySpec auto with lookup as now and with `node_cost=false` (nodes priced by the timed curve alone).
+#    Run twice, the method run right after plain decoding swapped (that position gains 2-3 %, fourteenth session).
+if run 8; then
+  rm -rf $OUT/int8-head-mtbench-t0-s18-node-ab $OUT/int8-head-mtbench-t0-s18-node-ab-swapped
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s18-node-ab -m dyspec:budget=auto:lookup=6:node_cost=false \
+    -m dyspec:budget=auto:lookup=6
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s18-node-ab-swapped -m dyspec:budget=auto:lookup=6 \
+    -m dyspec:budget=auto:lookup=6:node_cost=false
 fi

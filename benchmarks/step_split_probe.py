@@ -41,9 +41,7 @@ def main() -> None:
     seconds: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
 
-    def timed(obj, name: str, key: str) -> None:
-        inner = getattr(obj, name)
-
+    def timed(inner, key: str):
         def call(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -51,26 +49,16 @@ def main() -> None:
             finally:
                 seconds[key] += time.perf_counter() - t0
                 calls[key] += 1
+        return call
 
-        setattr(obj, name, call)
-
-    drafter, target = gen.pair.drafter, gen.pair.target
-    timed(drafter, "begin", "draft: begin (head over committed tokens, root logits)")
-    timed(drafter, "expand", "draft: expand (head forwards inside build)")
-    timed(gen.decoder.builder, "build", "build (expand included)")
-    timed(target, "tree_forward", "target tree forward")
-    timed(target, "compact", "target compaction")
-    walk = verifiers.VERIFIERS["greedy"]
-
-    def greedy(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return walk(*args, **kwargs)
-        finally:
-            seconds["verifier walk (screened rows)"] += time.perf_counter() - t0
-            calls["verifier walk (screened rows)"] += 1
-
-    verifiers.VERIFIERS["greedy"] = greedy
+    drafter, target, builder = gen.pair.drafter, gen.pair.target, gen.decoder.builder
+    drafter.begin = timed(drafter.begin, "draft: begin (head over committed tokens, root logits)")
+    drafter.expand = timed(drafter.expand, "draft: expand (head forwards inside build)")
+    builder.build = timed(builder.build, "build (expand included)")
+    target.tree_forward = timed(target.tree_forward, "target tree forward")
+    target.compact = timed(target.compact, "target compaction")
+    walk = verifiers.VERIFIERS["greedy"]  # the decoder picks its verifier from this table at each generation
+    verifiers.VERIFIERS["greedy"] = timed(walk, "verifier walk (screened rows)")
     prompts = load_prompts("mt-bench", a.prompts)
     gen.generate(prompts[0].turns[0], 16)
     seconds.clear()

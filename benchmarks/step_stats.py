@@ -10,6 +10,9 @@ steps (a step = one target forward):
 * `steps` and the mean accepted length (tokens committed per step, bonus included);
 * `draft fw/step`: draft forwards per step; `build ms/step`: time spent building the tree per step (the
   `build_time` the engine records, which excludes the draft forwards' own `draft_time`); `draft ms/step`;
+* `verify ms/node`: the least-squares slope of a step's verification time (target forward + screened rows) on its
+  tree size, over all its steps (needs two tree sizes: `budget=auto`, or lookup grafts), beside `curve ms/node`,
+  what the file's timed cost curve says a node adds (t(9) - t(1) over 8 nodes);
 * `calibrated / actual` for the generation's steps 0-9, 10-29 and 30 on: the sum of the calibrated E[accepted
   length] (docs/algorithms.md §6) over those steps divided by the sum of the accepted lengths, in per cent
   off (`+138 %` = estimated 2.38x what was accepted); the same for the builder's own `estimated_length`.
@@ -21,6 +24,7 @@ describe the machine and load the file was written under (its header says which 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +37,17 @@ BUCKETS = ((0, 10, "0-9"), (10, 30, "10-29"), (30, None, "30+"))
 
 def _ratio(estimated: float, actual: float) -> str:
     return "–" if actual <= 0 else f"{100 * (estimated / actual - 1):+.0f} %"
+
+
+def curve_ms_per_node(header: dict) -> float | None:
+    """What the results file's cost curve says a node adds to a step, in ms: (t(9) - t(1)) / 8 (interpolated)."""
+    c = header.get("cost_curve")
+    if not c:
+        return None
+    xs, ys = c["tokens"], c["relative"]
+    i = next((k for k in range(1, len(xs)) if xs[k] >= 9), len(xs) - 1)
+    t9 = ys[i - 1] + (9 - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+    return 1000 * c["one_token_s"] * (t9 - 1.0) / 8
 
 
 def step_rows(runs: list[dict]) -> list[dict]:
@@ -52,6 +67,9 @@ def step_rows(runs: list[dict]) -> list[dict]:
                "draft_forwards": total("draft_forwards") / n,
                "build_ms": 1000 * total("build_time") / n,
                "draft_ms": 1000 * total("draft_time") / n}
+        sizes = [x for s in all_steps for x in s["tree_size"]]
+        verify = [1000 * x for s in all_steps for x in s["verify_time"]]
+        row["verify_ms_per_node"] = statistics.linear_regression(sizes, verify).slope if len(set(sizes)) > 1 else None
         for lo, hi, name in BUCKETS:
             acc = cal = est = 0.0
             for s in all_steps:
@@ -71,13 +89,17 @@ def markdown(rows: list[dict], label: str, header: dict) -> str:
              f"target {cfg.get('target')}, draft {cfg.get('draft')}, dtype {cfg.get('dtype')}, "
              f"{cfg.get('num_prompts')} prompts x {cfg.get('max_new_tokens')} tokens, written {header.get('timestamp')}",
              "",
-             "| method | T | steps | accepted | draft fw/step | build ms/step | draft ms/step | "
+             "| method | T | steps | accepted | draft fw/step | build ms/step | draft ms/step | verify ms/node | "
+             "curve ms/node | "
              + " | ".join(f"calibrated / actual, steps {b[2]}" for b in BUCKETS) + " | "
              + " | ".join(f"estimated / actual, steps {b[2]}" for b in BUCKETS) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * (2 * len(BUCKETS))]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(BUCKETS))]
+    curve = curve_ms_per_node(header)
     for r in rows:
         lines.append(f"| `{r['method']}` | {r['temperature']:g} | {r['steps']} | {r['accepted']:.2f} | "
                      f"{r['draft_forwards']:.2f} | {r['build_ms']:.1f} | {r['draft_ms']:.1f} | "
+                     + ("–" if r["verify_ms_per_node"] is None else f"{r['verify_ms_per_node']:.2f}") + " | "
+                     + ("–" if curve is None else f"{curve:.2f}") + " | "
                      + " | ".join(r[f"calibrated {b[2]}"] for b in BUCKETS) + " | "
                      + " | ".join(r[f"estimated {b[2]}"] for b in BUCKETS) + " |")
     return "\n".join(lines) + "\n"

@@ -186,6 +186,25 @@ def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair):
     assert dec.cost.step_overhead == pytest.approx(curve.with_overhead_of(second.steps).step_overhead)
 
 
+def test_a_decoder_without_node_cost_fits_its_overheads_without_the_node_slope(tiny_pair, monkeypatch):
+    """`SpeculativeDecoder(node_cost=False)` (bench: `node_cost=false`) learns its overheads with the node slope left
+    out; the default learns it."""
+    target, draft = tiny_pair
+    asked = []
+    fit = CostCurve.with_overhead_of
+
+    def spy(self, steps, nodes=True):
+        asked.append(nodes)
+        return fit(self, steps, nodes)
+
+    monkeypatch.setattr(CostCurve, "with_overhead_of", spy)
+    for node_cost in (False, True):
+        dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"),
+                                 node_cost=node_cost)
+        dec.generate(PROMPTS[0], DecodeConfig(max_new_tokens=16))
+    assert asked == [False, True]
+
+
 def test_step_overhead_is_the_median_gap_between_steps_and_the_curve():
     from arborspec.engine.stats import StepStats
 
@@ -225,12 +244,10 @@ def test_overheads_per_forward_per_token_and_per_node_are_fitted_jointly():
     assert (learnt.step_overhead, learnt.draft_overhead, learnt.token_cost, learnt.node_cost) == pytest.approx(
         (o, d, a, r))
     assert learnt.step_cost(3, 2) == pytest.approx(curve.t(4) + 3 * r + 2 * (0.1 + d) + o)
-    # without the node slope the same steps teach something else: the fit charges the nodes to the rest
-    no_nodes = curve._fit([(f, k - READ_ROWS, 0.0, g) for f, k, _, g in
-                           [(s.draft_forwards, s.accepted_length, s.tree_size,
-                             s.verify_time / 0.04 - curve.t(s.tree_size + 1) - s.draft_forwards * 0.1)
-                            for s in (step(*x) for x in shapes)]])
-    assert (no_nodes["draft_overhead"], no_nodes["token_cost"]) != pytest.approx((d, a))
+    # without the node slope (the decoder's node_cost=False) the same steps teach something else: the fit charges
+    # the nodes to the rest, and the node slope stays where it was
+    no_nodes = curve.with_overhead_of([step(*x) for x in shapes], nodes=False)
+    assert no_nodes.node_cost == 0.0 and (no_nodes.draft_overhead, no_nodes.token_cost) != pytest.approx((d, a))
     # tokens that cost nothing while forwards do: the token slope comes out negative, is dropped, d refitted
     cheap = [step(n, f, k, extra=-a * (k - READ_ROWS) - 0.03 * (k - READ_ROWS)) for n, f, k in shapes]
     refit = curve.with_overhead_of(cheap)

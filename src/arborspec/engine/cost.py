@@ -105,7 +105,7 @@ class CostCurve:
     def _step_tables(self) -> dict[int, tuple[float, ...]]:
         return {}
 
-    def with_overhead_of(self, steps) -> "CostCurve":
+    def with_overhead_of(self, steps, nodes: bool = True) -> "CostCurve":
         """This curve with its overheads measured from a generation's `StepStats`. A step's time in units of t(1),
         less what the curve predicts for its tree (`t(n + 1)`) and its timed draft forwards, is modelled as
 
@@ -118,7 +118,8 @@ class CostCurve:
         own (the verifier's LM-head row for it, cache compaction, the draft catching up), and every node costs
         more in a real step than in the curve's back-to-back timed forwards (a generation's varied contexts and
         tree masks, caches the draft's work left cold, the node's own drawing and bookkeeping: on MT-Bench with
-        the int8 target, a step's verification grew ~1.2 ms per node where the curve said ~0.6 ms), so a fit
+        the int8 target, a step's verification grew 1.3-1.5 ms per node where the curve said 0.6-0.9 ms,
+        benchmarks/step_stats.py), so a fit
         on fewer of them charges what the others cost to the ones it has. Slopes are never below 0 (a negative
         one is dropped and the rest refitted); `step_overhead` is then the median over steps of what the
         slopes leave, never below 0.
@@ -127,23 +128,24 @@ class CostCurve:
         process, memory pressure) would otherwise decide the slopes (one such generation once taught a committed
         token to cost half a forward, and every later tree shrank to nothing; docs/algorithms.md §7). Steps
         without a tree (plain decoding) are ignored; a generation that built no tree at all learnt nothing about
-        the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them."""
+        the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them.
+        `nodes=False` leaves the node slope out of the fit (kept as it is)."""
         rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS), float(s.tree_size),
                  (s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
                  - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost) for s in steps if s.tree_size > 0]
         if not rows:
             return replace(self, draft_overhead=self.draft_overhead / 2, token_cost=self.token_cost / 2,
                            node_cost=self.node_cost / 2) if steps else self
-        return replace(self, **self._fit(rows))
+        return replace(self, **self._fit(rows, nodes))
 
-    def _fit(self, rows: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    def _fit(self, rows: list[tuple[float, float, float, float]], nodes: bool = True) -> dict[str, float]:
         """The overhead and the three slopes of `with_overhead_of` from rows (forwards, tokens - READ_ROWS, nodes,
-        gap)."""
+        gap); `nodes=False`: the node slope is not fitted."""
         slopes = {"draft_overhead": self.draft_overhead, "token_cost": self.token_cost, "node_cost": self.node_cost}
         if len(rows) >= MIN_FIT:
             columns = {"draft_overhead": [r[0] for r in rows], "token_cost": [r[1] for r in rows],
                        "node_cost": [r[2] for r in rows]}
-            free = [name for name, col in columns.items() if len(set(col)) >= 2]
+            free = [name for name, col in columns.items() if len(set(col)) >= 2 and (nodes or name != "node_cost")]
             while free:
                 x = torch.tensor([[1.0] + [columns[n][k] for n in free] for k in range(len(rows))], dtype=torch.float64)
                 y = torch.tensor([[r[-1]] for r in rows], dtype=torch.float64)

@@ -90,12 +90,14 @@ class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0) -> None:
+                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0,
+                 node_cost: bool = True) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
         on first use (once per process, `engine/cost.cost_curve_for`; one curve for temperature 0's steps,
         whose verifier reads screened argmaxes, one for sampling's, which read full rows), and the step's overhead outside the
         timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
-        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
+        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7). `node_cost=False` leaves out
+        what a node adds beyond the timed curve (nodes priced by the curve alone, as before it was learnt: an ablation).
 
         `carry`: each generation starts from the acceptance model and long-run rate its predecessor at the
         same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
@@ -112,6 +114,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
         self.learn_overhead = cost is None  # a measured curve learns the step's overhead from every generation
+        self.node_cost = node_cost
         self.curves: dict[bool, CostCurve] = {}  # greedy or not -> the measured curve with what it has learnt
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
@@ -159,7 +162,7 @@ class SpeculativeDecoder:
         result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
             # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
-            self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps)
+            self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps, nodes=self.node_cost)
         return result
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
