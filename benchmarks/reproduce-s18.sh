@@ -2,10 +2,12 @@
 # Reproduce the eighteenth session's figures: the int8 target with the stage-11 head after the cost curve kept each
 # size's fastest round (3e442df) and the faster greedy screen (2192a55): MT-Bench at T = 0 three times (the run-to-run
 # spread on this machine is several per cent), T = 0.6 once, HumanEval at T = 0 once, and the screen's own A/B.
-# Steps 1-4 ran at 2192a55; step 5 after the learnt per-node cost (the commit after 2192a55's successors that adds
-# CostCurve.node_cost). Run from the repository root after `make setup`, on an otherwise idle machine (2 cores), ~75 min. STEPS="2" runs one step.
+# Steps 1-4 ran at 2192a55; steps 5-6 at 7e19b28 (CostCurve.node_cost, since reverted), step 7 after it, step 8 at
+# 7a443f8 (its ablation key node_cost=false, reverted with it): run steps 5, 6 and 8 from a
+# checkout of 7a443f8. Step 9 only reads step 2's results files. Run from the repository root after `make setup`, on an
+# otherwise idle machine (2 cores), ~90 min. STEPS="2" runs one step.
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9"}
 
 # 1. The greedy screen of one LM-head row before (fd6fbd8) and after 2192a55, in one process.
 if run 1; then
@@ -69,4 +71,9 @@ if run 8; then
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --out $OUT/int8-head-mtbench-t0-s18-node-ab-swapped -m dyspec:budget=auto:lookup=6 \
     -m dyspec:budget=auto:lookup=6:node_cost=false
+fi
+
+# 9. Per method, a step's verification slope per tree node beside the one the run's timed curve gives (runs a and b).
+if run 9; then
+  for R in a b; do $P benchmarks/step_stats.py $OUT/int8-head-mtbench-t0-s18-$R/results.jsonl; done
 fi

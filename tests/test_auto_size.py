@@ -186,25 +186,6 @@ def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair):
     assert dec.cost.step_overhead == pytest.approx(curve.with_overhead_of(second.steps).step_overhead)
 
 
-def test_a_decoder_without_node_cost_fits_its_overheads_without_the_node_slope(tiny_pair, monkeypatch):
-    """`SpeculativeDecoder(node_cost=False)` (bench: `node_cost=false`) learns its overheads with the node slope left
-    out; the default learns it."""
-    target, draft = tiny_pair
-    asked = []
-    fit = CostCurve.with_overhead_of
-
-    def spy(self, steps, nodes=True):
-        asked.append(nodes)
-        return fit(self, steps, nodes)
-
-    monkeypatch.setattr(CostCurve, "with_overhead_of", spy)
-    for node_cost in (False, True):
-        dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"),
-                                 node_cost=node_cost)
-        dec.generate(PROMPTS[0], DecodeConfig(max_new_tokens=16))
-    assert asked == [False, True]
-
-
 def test_step_overhead_is_the_median_gap_between_steps_and_the_curve():
     from arborspec.engine.stats import StepStats
 
@@ -223,31 +204,25 @@ def test_step_overhead_is_the_median_gap_between_steps_and_the_curve():
     assert CostCurve.from_dict(learnt.as_dict()) == learnt
 
 
-def test_overheads_per_forward_per_token_and_per_node_are_fitted_jointly():
-    """Step time / t(1) - t(n + 1) - f x timed draft cost = o + d f + a (A - READ_ROWS) + r n: recovered exactly
-    from noise-free steps where deeper trees (more forwards) also commit more tokens and hold more nodes, which a
-    fit on fewer slopes would charge to the ones it has; a slope that comes out negative is dropped."""
+def test_overheads_per_forward_and_per_token_are_fitted_jointly():
+    """Step time / t(1) - t(n + 1) - f x timed draft cost = o + d f + a (A - READ_ROWS): recovered exactly from
+    noise-free steps where deeper trees (more forwards) also commit more tokens, which a fit on forwards alone
+    would charge to the forwards; a slope that comes out negative is dropped."""
     from arborspec.engine.cost import READ_ROWS
     from arborspec.engine.stats import StepStats
 
     curve = CostCurve((1, 2, 4, 8), (1.0, 1.5, 1.6, 1.8), 0.04, 0.1)
-    o, d, a, r = 0.12, 0.05, 0.2, 0.03
+    o, d, a = 0.12, 0.05, 0.2
 
     def step(size, forwards, accepted, extra=0.0):
-        seconds = 0.04 * (curve.t(size + 1) + forwards * 0.1 + o + d * forwards + a * (accepted - READ_ROWS)
-                          + r * size + extra)
+        seconds = 0.04 * (curve.t(size + 1) + forwards * 0.1 + o + d * forwards + a * (accepted - READ_ROWS) + extra)
         return StepStats(accepted_length=accepted, tree_size=size, tree_depth=forwards, estimated_length=1.0,
                          draft_time=0.0, build_time=0.0, verify_time=seconds, other_time=0.0, draft_forwards=forwards)
 
     shapes = [(3, 1, 1), (3, 1, 2), (5, 2, 2), (5, 2, 3), (7, 3, 3), (7, 3, 4), (7, 1, 1), (4, 2, 1), (6, 3, 2)]
     learnt = curve.with_overhead_of([step(*x) for x in shapes])
-    assert (learnt.step_overhead, learnt.draft_overhead, learnt.token_cost, learnt.node_cost) == pytest.approx(
-        (o, d, a, r))
-    assert learnt.step_cost(3, 2) == pytest.approx(curve.t(4) + 3 * r + 2 * (0.1 + d) + o)
-    # without the node slope (the decoder's node_cost=False) the same steps teach something else: the fit charges
-    # the nodes to the rest, and the node slope stays where it was
-    no_nodes = curve.with_overhead_of([step(*x) for x in shapes], nodes=False)
-    assert no_nodes.node_cost == 0.0 and (no_nodes.draft_overhead, no_nodes.token_cost) != pytest.approx((d, a))
+    assert (learnt.step_overhead, learnt.draft_overhead, learnt.token_cost) == pytest.approx((o, d, a))
+    assert learnt.step_cost(3, 2) == pytest.approx(curve.t(4) + 2 * (0.1 + d) + o)
     # tokens that cost nothing while forwards do: the token slope comes out negative, is dropped, d refitted
     cheap = [step(n, f, k, extra=-a * (k - READ_ROWS) - 0.03 * (k - READ_ROWS)) for n, f, k in shapes]
     refit = curve.with_overhead_of(cheap)

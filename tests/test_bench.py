@@ -251,18 +251,13 @@ def test_run_bench_end_to_end(tiny_dirs, tmp_path):
 
 def test_value_temperature_is_a_per_method_draft_side_key(tiny_dirs, tmp_path):
     """`value_temperature=V` values T = 0's ordered draws at V for that method only (not a builder parameter): the
-    tokens stay the baseline's, and the examined draft probabilities differ from the default's (0.8). `node_cost`
-    (true/false, the decoder's) is parsed the same way."""
+    tokens stay the baseline's, and the examined draft probabilities differ from the default's (0.8)."""
     methods = ["dyspec:budget=4", "dyspec:budget=4:value_temperature=1.0"]
     ms = expand_methods(methods)
     assert [m.value_temperature for m in ms] == [None, 1.0] and ms[0].make() == ms[1].make()
     for bad in ("0", "-1", "x"):
         with pytest.raises(ArborError, match="value_temperature"):
             expand_methods([f"dyspec:budget=4:value_temperature={bad}"])
-    ablation = expand_methods(["dyspec:budget=auto:node_cost=false", "dyspec:budget=auto"])
-    assert [m.node_cost for m in ablation] == [False, True] and ablation[0].make() == ablation[1].make()
-    with pytest.raises(ArborError, match="node_cost"):
-        expand_methods(["dyspec:budget=auto:node_cost=2"])
     path = run_bench(_cfg(tiny_dirs, tmp_path / "vt", methods=methods, temperatures=[0.0], seeds=[0],
                           compare_hf_assisted=False), quiet=True)
     runs = read_results(path)[1]

@@ -354,14 +354,12 @@ LEARNT_COSTS = (
                        "(drawing children, bookkeeping; / t(1))"),
     ("token_cost", "Per committed token, the step time it added (the verifier's LM-head row for it, cache compaction, "
                    "the draft catching up; / t(1)), learnt the same way"),
-    ("node_cost", "Per draft node, the step time it added beyond the curve's t(n + 1) (a real step's contexts, masks "
-                  "and cold caches; the node's drawing), learnt the same way (/ t(1))"),
 )
 
 
 def step_overheads(runs: list[dict], field: str = "step_overhead") -> dict[str, list[float]]:
     """Per method label, what its recorded runs were sized with (`step_overhead`, or a learnt slope: `draft_overhead`,
-    `token_cost`, `node_cost`; `LEARNT_COSTS`), in run order (each learnt from the decoder's previous generation)."""
+    `token_cost`; `LEARNT_COSTS`), in run order (each learnt from the decoder's previous generation)."""
     out: dict[str, list[float]] = {}
     for r in runs:
         value = (r.get("config") or {}).get(field)

@@ -113,7 +113,7 @@ class BenchConfig:
         return d
 
 
-DECODER_KEYS = ("lookup", "value_temperature", "node_cost")  # method-spec keys for the decoder and its draft side, not the builder
+DECODER_KEYS = ("lookup", "value_temperature")  # method-spec keys for the decoder and its draft side, not the builder
 
 
 @dataclass(frozen=True)
@@ -143,15 +143,6 @@ class MethodConfig:
         value = dict(self.params).get("value_temperature")
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
             raise ArborError(f"method {self.label!r}: value_temperature must be a number > 0, got {value!r}")
-        return value
-
-    @property
-    def node_cost(self) -> bool:
-        """`node_cost=false`: `budget=auto` prices nodes by the timed curve alone, not learning what a node adds to a
-        real step (`SpeculativeDecoder(node_cost=False)`, an ablation); not a builder parameter."""
-        value = dict(self.params).get("node_cost", True)
-        if not isinstance(value, bool):
-            raise ArborError(f"method {self.label!r}: node_cost must be true or false, got {value!r}")
         return value
 
     def make(self) -> TreeBuilder:
@@ -185,7 +176,7 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
     out: list[MethodConfig] = []
     for spec in specs:
         for m in parse_method_spec(spec):
-            m.make(), m.lookup, m.value_temperature, m.node_cost  # each raises a one-line ArborError on an unknown method or a bad value
+            m.make(), m.lookup, m.value_temperature  # each raises a one-line ArborError on an unknown method or a bad value
             if m not in out:
                 out.append(m)
     return out
@@ -294,8 +285,7 @@ class _Runner:
     def __init__(self, cfg: BenchConfig, pair: ModelPair, methods: list[MethodConfig]) -> None:
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
-        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup,
-                                                  node_cost=m.node_cost) for m in methods}
+        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup) for m in methods}
         self.value_temperatures = {m.label: m.value_temperature for m in methods if m.value_temperature is not None}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
         self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")

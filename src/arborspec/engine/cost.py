@@ -44,7 +44,6 @@ class CostCurve:
     step_overhead: float = 0.0     # per step, the time outside the timed forwards (building, bookkeeping) / t(1)
     draft_overhead: float = 0.0    # per draft forward, the step time it adds beyond `draft_cost` (learnt) / t(1)
     token_cost: float = 0.0        # per committed token beyond READ_ROWS, the time it adds (LM-head row, caches) / t(1)
-    node_cost: float = 0.0         # per draft node, the step time it adds beyond the curve's t(n + 1) (learnt) / t(1)
 
     def t(self, rows: int) -> float:
         """t(rows)/t(1): linear interpolation between measured points, linear extrapolation beyond
@@ -68,10 +67,9 @@ class CostCurve:
         return ys[-1] + slope * (rows - xs[-1])
 
     def step_cost(self, tree_size: int, draft_forwards: int) -> float:
-        """One step in units of t(1): verify `tree_size` draft nodes + the root (the timed curve and what each node
-        was learnt to add beyond it), plus the draft forwards and the step's fixed overhead."""
-        return (self.t(tree_size + 1) + self.node_cost * tree_size + draft_forwards * self.forward_cost
-                + self.step_overhead)
+        """One step in units of t(1): verify `tree_size` draft nodes + the root, plus the draft forwards and the
+        step's fixed overhead."""
+        return self.t(tree_size + 1) + draft_forwards * self.forward_cost + self.step_overhead
 
     @property
     def forward_cost(self) -> float:
@@ -105,58 +103,48 @@ class CostCurve:
     def _step_tables(self) -> dict[int, tuple[float, ...]]:
         return {}
 
-    def with_overhead_of(self, steps, nodes: bool = True) -> "CostCurve":
+    def with_overhead_of(self, steps) -> "CostCurve":
         """This curve with its overheads measured from a generation's `StepStats`. A step's time in units of t(1),
         less what the curve predicts for its tree (`t(n + 1)`) and its timed draft forwards, is modelled as
 
             step_overhead + draft_overhead x forwards + token_cost x (accepted tokens - READ_ROWS)
-                          + node_cost x draft nodes
 
-        and fitted over the generation's steps when it has at least `MIN_FIT` of them; a slope is fitted when
-        its column takes at least two values (else it is kept). The slopes are needed together: a step that
-        pays more forwards grows a deeper tree and commits more tokens, every committed token costs time of its
-        own (the verifier's LM-head row for it, cache compaction, the draft catching up), and every node costs
-        more in a real step than in the curve's back-to-back timed forwards (a generation's varied contexts and
-        tree masks, caches the draft's work left cold, the node's own drawing and bookkeeping: on MT-Bench with
-        the int8 target, a step's verification grew 1.3-1.5 ms per node where the curve said 0.6-0.9 ms,
-        benchmarks/step_stats.py), so a fit
-        on fewer of them charges what the others cost to the ones it has. Slopes are never below 0 (a negative
-        one is dropped and the rest refitted); `step_overhead` is then the median over steps of what the
-        slopes leave, never below 0.
+        and fitted over the generation's steps when it has at least `MIN_FIT` of them with at
+        least two different numbers of forwards and of accepted tokens (else the two slopes are kept and only the
+        overhead is learnt). Both slopes are needed: a step that pays more forwards grows a deeper tree and
+        commits more tokens, and every committed token costs time of its own (the verifier's LM-head row for it,
+        cache compaction, the draft catching up), so a fit on forwards alone charges them to the forwards.
+        Slopes are never below 0 (a negative one is dropped and the rest refitted); `step_overhead` is then the
+        median over steps of what the slopes leave, never below 0.
 
         The fit minimises absolute, not squared, deviations: a run of steps the machine slowed down (another
         process, memory pressure) would otherwise decide the slopes (one such generation once taught a committed
         token to cost half a forward, and every later tree shrank to nothing; docs/algorithms.md §7). Steps
         without a tree (plain decoding) are ignored; a generation that built no tree at all learnt nothing about
-        the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them.
-        `nodes=False` leaves the node slope out of the fit (kept as it is)."""
-        rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS), float(s.tree_size),
+        the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them."""
+        rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS),
                  (s.draft_time + s.build_time + s.verify_time + s.other_time) / self.one_token_s
                  - self.t(s.tree_size + 1) - s.draft_forwards * self.draft_cost) for s in steps if s.tree_size > 0]
         if not rows:
-            return replace(self, draft_overhead=self.draft_overhead / 2, token_cost=self.token_cost / 2,
-                           node_cost=self.node_cost / 2) if steps else self
-        return replace(self, **self._fit(rows, nodes))
+            return replace(self, draft_overhead=self.draft_overhead / 2, token_cost=self.token_cost / 2) if steps else self
+        return replace(self, **self._fit(rows))
 
-    def _fit(self, rows: list[tuple[float, float, float, float]], nodes: bool = True) -> dict[str, float]:
-        """The overhead and the three slopes of `with_overhead_of` from rows (forwards, tokens - READ_ROWS, nodes,
-        gap); `nodes=False`: the node slope is not fitted."""
-        slopes = {"draft_overhead": self.draft_overhead, "token_cost": self.token_cost, "node_cost": self.node_cost}
+    def _fit(self, rows: list[tuple[float, float, float]]) -> dict[str, float]:
+        """The overhead and the two slopes of `with_overhead_of` from rows (forwards, tokens - READ_ROWS, gap)."""
+        slopes = {"draft_overhead": self.draft_overhead, "token_cost": self.token_cost}
         if len(rows) >= MIN_FIT:
-            columns = {"draft_overhead": [r[0] for r in rows], "token_cost": [r[1] for r in rows],
-                       "node_cost": [r[2] for r in rows]}
-            free = [name for name, col in columns.items() if len(set(col)) >= 2 and (nodes or name != "node_cost")]
+            columns = {"draft_overhead": [r[0] for r in rows], "token_cost": [r[1] for r in rows]}
+            free = [name for name, col in columns.items() if len(set(col)) >= 2]
             while free:
                 x = torch.tensor([[1.0] + [columns[n][k] for n in free] for k in range(len(rows))], dtype=torch.float64)
-                y = torch.tensor([[r[-1]] for r in rows], dtype=torch.float64)
+                y = torch.tensor([[r[2]] for r in rows], dtype=torch.float64)
                 fit = least_absolute_deviations(x, y)[1:].tolist()
                 if min(fit) >= 0:
                     slopes.update(zip(free, fit))
                     break
                 dropped = free.pop(fit.index(min(fit)))
                 slopes[dropped] = 0.0
-        overhead = statistics.median(g - slopes["draft_overhead"] * f - slopes["token_cost"] * a - slopes["node_cost"] * n
-                                     for f, a, n, g in rows)
+        overhead = statistics.median(g - slopes["draft_overhead"] * f - slopes["token_cost"] * a for f, a, g in rows)
         return {"step_overhead": max(0.0, overhead), **slopes}
 
     def as_dict(self) -> dict:
@@ -167,7 +155,7 @@ class CostCurve:
         return cls(tuple(int(x) for x in data["tokens"]), tuple(float(y) for y in data["relative"]),
                    float(data["one_token_s"]), float(data.get("draft_cost", 0.0)), int(data.get("context", 0)),
                    float(data.get("step_overhead", 0.0)), float(data.get("draft_overhead", 0.0)),
-                   float(data.get("token_cost", 0.0)), float(data.get("node_cost", 0.0)))
+                   float(data.get("token_cost", 0.0)))
 
 
 def least_absolute_deviations(x: torch.Tensor, y: torch.Tensor, rounds: int = 50) -> torch.Tensor:

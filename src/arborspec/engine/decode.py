@@ -90,14 +90,12 @@ class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
     def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0,
-                 node_cost: bool = True) -> None:
+                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0) -> None:
         """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
         on first use (once per process, `engine/cost.cost_curve_for`; one curve for temperature 0's steps,
         whose verifier reads screened argmaxes, one for sampling's, which read full rows), and the step's overhead outside the
         timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
-        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7). `node_cost=False` leaves out
-        what a node adds beyond the timed curve (nodes priced by the curve alone, as before it was learnt: an ablation).
+        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
 
         `carry`: each generation starts from the acceptance model and long-run rate its predecessor at the
         same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
@@ -114,7 +112,6 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
         self.learn_overhead = cost is None  # a measured curve learns the step's overhead from every generation
-        self.node_cost = node_cost
         self.curves: dict[bool, CostCurve] = {}  # greedy or not -> the measured curve with what it has learnt
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
@@ -162,7 +159,7 @@ class SpeculativeDecoder:
         result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
             # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
-            self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps, nodes=self.node_cost)
+            self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps)
         return result
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
@@ -173,8 +170,7 @@ class SpeculativeDecoder:
                                 config={"builder": self.builder.describe(), "verifier": verifier_name}
                                 | ({"step_overhead": round(self.cost.step_overhead, 4),
                                    "draft_overhead": round(self.cost.draft_overhead, 4),
-                                   "token_cost": round(self.cost.token_cost, 4),
-                                   "node_cost": round(self.cost.node_cost, 4)} if self.builder.needs_cost else {}))
+                                   "token_cost": round(self.cost.token_cost, 4)} if self.builder.needs_cost else {}))
 
     def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
               draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
