@@ -314,3 +314,32 @@ def test_generated_data_features_match_a_teacher_forced_pass(target):
         assert torch.allclose(shard["feats"][fo:fo + n - 1].float(), want, atol=2e-2)
         fo += n - 1
     assert n_new == len(shard["tokens"]) - 7
+
+
+def test_offline_tools_run_the_head_along_a_sequence_with_the_targets_features(target, trained_head):
+    """`arborspec calibrate` and `train-c2t` run a drafter along finished sequences, outside the step loop: the head
+    drafter gets the target's features there too (it had none and raised), and its logits at each position are the
+    ones a fresh `begin` gives after observing the features of a cached prefill, the way the step loop feeds it."""
+    from arborspec.offline.calibrate import draft_logits_along
+
+    head = trained_head[0]
+    ids = greedy_sequences(target, 1, new=10, seed=3)[0].tokens.tolist()
+    adapter = ModelAdapter(target)
+    along = draft_logits_along(HeadDrafter(head), ids, 5, adapter)
+    adapter.capture_hidden(True)
+    adapter.prefill(torch.tensor(ids))
+    feats = adapter.last_hidden
+    for row, i in enumerate(range(5, len(ids))):
+        fresh = HeadDrafter(head)
+        fresh.observe(feats[:i])
+        assert torch.allclose(along[row], fresh.begin(ids[: i + 1]), atol=1e-4), i
+    with pytest.raises(ValueError, match="target's features"):
+        draft_logits_along(HeadDrafter(head), ids, 5)
+
+
+def test_c2t_training_data_can_be_collected_with_the_head(target, trained_head):
+    from arborspec.offline.c2t import C2TConfig, collect_training_data
+
+    cfg = C2TConfig(k=2, depth=2, max_new_tokens=6, positions_per_prompt=2)
+    data = collect_training_data(target, HeadDrafter(trained_head[0]), PROMPTS[:2], cfg, progress=False)
+    assert data.num_trees == 4 and data.labels.shape[0] == data.features.shape[0] > 0

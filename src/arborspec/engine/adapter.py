@@ -119,6 +119,15 @@ class ModelAdapter:
         self._check_cache_layout()
         return decoder_hidden(out)[0]
 
+    @torch.inference_mode()
+    def features_along(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), H]
+        """The last hidden states (after the final norm) of every token of a finished sequence, from one forward
+        of the decoder that leaves the cache alone: what a drafter with `uses_target_features` reads (`observe`),
+        for the offline tools that run a drafter along a sequence instead of inside the step loop."""
+        decoder = self.model.get_decoder()
+        out = decoder(input_ids=torch.tensor([input_ids], device=self.device), use_cache=False)
+        return decoder_hidden(out)[0]
+
     def _positions(self, ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
         if position_ids is None:
             past = self.cache_len

@@ -140,9 +140,15 @@ def accepted_child_index(
     return tree.children[0].index(result.accepted[0]) if result.accepted else None
 
 
-def draft_logits_along(drafter: Drafter, ids: list[int], start: int) -> torch.Tensor:  # [len(ids) - start, V]
-    """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental `begin`)."""
+def draft_logits_along(drafter: Drafter, ids: list[int], start: int,
+                       target: ModelAdapter | None = None) -> torch.Tensor:  # [len(ids) - start, V]
+    """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental `begin`).
+    A drafter that reads the target's features (the draft head) first observes those of `ids` from `target`."""
     drafter.reset()
+    if drafter.uses_target_features:
+        if target is None:
+            raise ValueError("a drafter that reads the target's features needs the target to run along ids")
+        drafter.observe(target.features_along(ids)[:-1])
     return torch.stack([drafter.begin(ids[: i + 1]) for i in range(start, len(ids))])
 
 
@@ -197,7 +203,7 @@ def measure_acceptance(
         ids = list(prompt) + autoregressive_generate(target, list(prompt), dcfg).output_ids
         start_pos = max(len(prompt) - 1, 0)
         t_logits = target_logits_along(target_model, ids, start_pos)  # [P, V]
-        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start_pos).cpu(), draft_side)  # [P, V]
+        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start_pos, target).cpu(), draft_side)  # [P, V]
         hits, trials = list(tally.hits), tally.trials
         for row in range(t_logits.shape[0]):
             for _ in range(cfg.draws):
