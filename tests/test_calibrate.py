@@ -164,3 +164,16 @@ def test_interrupted_calibration_resumes_to_the_uninterrupted_result(tiny_pair, 
     ref = tiny_calibration[0]  # the same calibration, never interrupted: same random draws, same histogram
     assert (cal.acceptance, cal.positions, cal.trials) == (ref.acceptance, ref.positions, ref.trials)
     assert CalibrationProgress.load(partial).timing is not None  # kept until the caller saved the result
+
+
+def test_calibration_progress_and_result_go_into_a_new_folder(tiny_pair, tmp_path):
+    """`arborspec calibrate --out NEW/DIR/cal.json`: the progress file after the first prompt and the result are
+    written into folders that do not exist yet (it raised FileNotFoundError after the first prompt)."""
+    target, draft = tiny_pair
+    folder = tmp_path / "new" / "folder"
+    cal = calibrate_models(target, ModelDrafter(draft), prompts(2), CalibrationConfig(temperature=1.0, **SMALL),
+                           target_name="tiny-t", draft_name="tiny-d", progress=False,
+                           progress_file=folder / "cal.json.partial")
+    assert (folder / "cal.json.partial").is_file()
+    cal.save(tmp_path / "other" / "cal.json")
+    assert (tmp_path / "other" / "cal.json").is_file()

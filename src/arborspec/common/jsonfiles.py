@@ -24,8 +24,9 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> Any:
 
 def write_json_atomic(obj: Any, path: str | Path, indent: int | None = 1) -> None:
     """Write `obj` as JSON to `path` through a temporary file beside it (flushed to disk, then renamed over
-    `path`): a reader never sees a half-written file."""
+    `path`): a reader never sees a half-written file. The folder is made if it does not exist yet."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(obj, indent=indent) + "\n")
