@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# Reproduce benchmarks/: Sequoia calibration + shapes for the embedded pair, then the full sweep and its report.
-# Run from the repository root after `make setup` (or `make demo`). Takes ~35 min on 2 CPU cores.
+# Reproduce the sweep of every method on the shipped default pair: the batch-invariant int8 target with its draft head
+# (stage 11) on 2 CPU cores, MT-Bench first turns (20 x 128 new tokens) at T = 0 and 0.6 and HumanEval (10 x 128) at
+# T = 0, each method interleaved per prompt with plain decoding in the same process, transformers' generate() and
+# assisted generation as the peers. Every method at 4 draft nodes (DySpec also at 3, the size chosen on the validation
+# slice, benchmarks/reproduce-s19.sh) with context lookup (lookup=6: grafted where the verifier takes any tree, i.e. at
+# T = 0 for every method and at T = 0.6 for the selected-tree methods; docs/algorithms.md §9); Sequoia with the shape
+# its DP gives for 4 nodes from a calibration of this pair. Run from the repository root after `make setup`, on an
+# otherwise idle machine, ~40 min. The first session's sweep with the distilled draft: benchmarks/reproduce-distilled.sh.
 source "$(dirname "$0")/reproduce-common.sh"
-NUM_PROMPTS=${NUM_PROMPTS:-6}
-MAX_NEW=${MAX_NEW:-40}
+STEPS=${STEPS:-"1 2 3"}
+METHODS="-m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$OUT/sequoia-head/shape-4.json:lookup=6
+  -m opt-tree:budget=4:lookup=6 -m eagle2:budget=4:lookup=6 -m c2t:budget=4:lookup=6 -m dyspec:budget=4:lookup=6
+  -m dyspec:budget=3:lookup=6 -m dyspec-threshold:budget=4:lookup=6"
 
-# 1. Sequoia: positional acceptance vector, t(n) and c for the embedded pair at temperature 0.6, then the
-#    optimal shape (DP, App. C.2.2) for each budget, depth <= 8.
-$A calibrate --draft embedded-draft --temperature 0.6 --out $OUT/sequoia/calibration.json
-for B in 8 16 32 64; do
-  $A sequoia-shape $OUT/sequoia/calibration.json --size $B --depth 8 --out $OUT/sequoia/shape-$B.json
-done
+# 1. Sequoia: positional acceptance vector, t(n) and c for the default pair at T = 0.6, then the DP's shape for 4 nodes.
+if run 1; then
+  $A calibrate --dtype int8 --temperature 0.6 --out $OUT/sequoia-head/calibration.json
+  $A sequoia-shape $OUT/sequoia-head/calibration.json --size 4 --depth 4 --out $OUT/sequoia-head/shape-4.json
+fi
 
-# 2. Every method at budgets 8/16/32/64, temperature 0 and 0.6, MT-Bench first turns, interleaved with plain decoding.
-rm -rf $OUT/run
-$A bench --draft embedded-draft --prompts mt-bench --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW \
-  --temperatures 0,0.6 --threads 2 --compare-hf-assisted --out $OUT/run \
-  -m chain:budget=8,16,32,64 -m specinfer:budget=8,16,32,64 \
-  -m sequoia:shape=$OUT/sequoia/shape-8.json -m sequoia:shape=$OUT/sequoia/shape-16.json \
-  -m sequoia:shape=$OUT/sequoia/shape-32.json -m sequoia:shape=$OUT/sequoia/shape-64.json \
-  -m opt-tree:budget=8,16,32,64 -m eagle2:budget=8,16,32,64 -m c2t:budget=8,16,32,64 \
-  -m dyspec:budget=8,16,32,64 -m dyspec-threshold:budget=8,16,32,64
+# 2. MT-Bench, every method, T = 0 and 0.6, with HF generate and HF assisted generation (T = 0).
+if run 2; then
+  rm -rf $OUT/all-methods-mtbench
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0,0.6 --threads 2 \
+    --compare-hf-assisted --out $OUT/all-methods-mtbench $METHODS
+fi
 
-# 3. Tables and plots from the saved results (no model runs).
-$A report $OUT/run/results.jsonl --out $OUT/run
+# 3. HumanEval, every method, T = 0.
+if run 3; then
+  rm -rf $OUT/all-methods-humaneval
+  $A bench --dtype int8 --prompts humaneval --num-prompts 10 --max-new-tokens $N --temperatures 0 --threads 2 \
+    --compare-hf-assisted --out $OUT/all-methods-humaneval $METHODS
+fi
