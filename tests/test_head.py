@@ -343,3 +343,12 @@ def test_c2t_training_data_can_be_collected_with_the_head(target, trained_head):
     cfg = C2TConfig(k=2, depth=2, max_new_tokens=6, positions_per_prompt=2)
     data = collect_training_data(target, HeadDrafter(trained_head[0]), PROMPTS[:2], cfg, progress=False)
     assert data.num_trees == 4 and data.labels.shape[0] == data.features.shape[0] > 0
+
+
+def test_the_cost_curve_times_the_head_after_it_observed_the_context(target, trained_head):
+    from arborspec.engine.cost import measure_cost_curve, measure_draft_seconds
+
+    curve = measure_cost_curve(ModelAdapter(target), HeadDrafter(trained_head[0]), context_len=16, sizes=(1, 4), repeats=2)
+    assert curve.draft_cost > 0 and curve.context == 16
+    with pytest.raises(ValueError, match="target's features"):
+        measure_draft_seconds(HeadDrafter(trained_head[0]), list(range(3, 19)), 2)

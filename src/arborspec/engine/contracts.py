@@ -65,6 +65,16 @@ class Drafter(ABC):
         committed token except the last (the next root) have been observed.
         """
 
+    def observe_sequence(self, target, ids: list[int]) -> None:
+        """Outside the step loop (the cost curve's timing, calibration, C2T data): a drafter that reads the target's
+        features observes those of every token of `ids`, from one forward of `target` (a `ModelAdapter`:
+        `features_along`); any other drafter ignores the call. Call it after `reset`."""
+        if not self.uses_target_features:
+            return
+        if target is None:
+            raise ValueError("a drafter that reads the target's features needs the target to run along the sequence")
+        self.observe(target.features_along(ids))
+
     @property
     def max_positions(self) -> int:
         return 1 << 30

@@ -220,19 +220,10 @@ def measure_draft_seconds(drafter, context: list[int], repeats: int, target: Mod
     """Seconds of one draft forward feeding one new token after `context` (the fastest of `repeats`, as for the target).
 
     A drafter that reads target features (a draft head) first observes the target's
-    features of `context`, from one forward of `target`.
+    features of `context`, from one forward of `target` (`Drafter.observe_sequence`).
     """
     drafter.reset()
-    if drafter.uses_target_features:
-        if target is None:
-            raise ValueError("a drafter that reads target features needs the target to time it")
-        was_capturing = target.capturing
-        target.capture_hidden(True)
-        target.reset()
-        target.forward(torch.tensor(context))
-        drafter.observe(target.last_hidden)
-        target.reset()
-        target.capture_hidden(was_capturing)
+    drafter.observe_sequence(target, context)
     drafter.begin(context[:-repeats - 1])
     times = []
     for j in range(repeats):

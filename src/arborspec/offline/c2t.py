@@ -127,8 +127,7 @@ def collect_training_data(target_model, drafter: Drafter, prompts: list[list[int
         ids = list(prompt) + out
         target.reset()
         drafter.reset()
-        if drafter.uses_target_features:  # the draft head: the target's features of the whole sequence first
-            drafter.observe(target.features_along(ids)[:-1])
+        drafter.observe_sequence(target, ids)  # the draft head: the target's features of the whole sequence first
         for pos in tree_positions(len(prompt), len(ids), cfg.positions_per_prompt):
             if pos > target.cache_len:
                 target.prefill(torch.tensor(ids[target.cache_len:pos]))  # everything before the root

@@ -145,10 +145,7 @@ def draft_logits_along(drafter: Drafter, ids: list[int], start: int,
     """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental `begin`).
     A drafter that reads the target's features (the draft head) first observes those of `ids` from `target`."""
     drafter.reset()
-    if drafter.uses_target_features:
-        if target is None:
-            raise ValueError("a drafter that reads the target's features needs the target to run along ids")
-        drafter.observe(target.features_along(ids)[:-1])
+    drafter.observe_sequence(target, ids)
     return torch.stack([drafter.begin(ids[: i + 1]) for i in range(start, len(ids))])
 
 
