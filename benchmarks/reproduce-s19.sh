@@ -8,7 +8,7 @@
 # Run from the repository root after `make setup`, on an otherwise idle machine (2 cores), ~80 min.
 # STEPS="2" runs one step.
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
 V=$OUT/mtbench-validation.jsonl
 
 # 1. The validation slice: every third of MT-Bench's questions 21-80 (20 prompts, six categories).
@@ -69,4 +69,10 @@ if run 7; then
   rm -rf $OUT/int8-head-mtbench-t0-s19-dyspec16
   $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
     --out $OUT/int8-head-mtbench-t0-s19-dyspec16 -m dyspec:budget=16 -m dyspec:budget=16:lookup=6
+fi
+
+# 8. Per step of the size runs (step 3): wall time, verification, draft forwards and builder per step, the
+#    verification slope per node beside the curve's (reads the results files only).
+if run 8; then
+  for R in sizes sizes-2; do $P benchmarks/step_stats.py $OUT/int8-head-mtbench-t0-s19-$R/results.jsonl; done
 fi

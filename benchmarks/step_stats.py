@@ -8,6 +8,8 @@ For every (method, temperature) of a results file written by `arborspec bench`, 
 steps (a step = one target forward):
 
 * `steps` and the mean accepted length (tokens committed per step, bonus included);
+* `step ms`: wall time per step (the runs' wall time over their steps, prefill included); `verify ms/step`: the
+  target's tree forward and its screened rows per step;
 * `draft fw/step`: draft forwards per step; `build ms/step`: time spent building the tree per step (the
   `build_time` the engine records, which excludes the draft forwards' own `draft_time`); `draft ms/step`;
 * `verify ms/node`: the least-squares slope of a step's verification time (target forward + screened rows) on its
@@ -30,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from arborspec.bench.report import read_results
+from arborspec.engine.cost import CostCurve
 from arborspec.errors import ArborError
 
 BUCKETS = ((0, 10, "0-9"), (10, 30, "10-29"), (30, None, "30+"))
@@ -40,30 +43,31 @@ def _ratio(estimated: float, actual: float) -> str:
 
 
 def curve_ms_per_node(header: dict) -> float | None:
-    """What the results file's cost curve says a node adds to a step, in ms: (t(9) - t(1)) / 8 (interpolated)."""
-    c = header.get("cost_curve")
-    if not c:
+    """What the results file's cost curve says a node adds to a step, in ms: (t(9) - t(1)) / 8 (`CostCurve.t`)."""
+    if not header.get("cost_curve"):
         return None
-    xs, ys = c["tokens"], c["relative"]
-    i = next((k for k in range(1, len(xs)) if xs[k] >= 9), len(xs) - 1)
-    t9 = ys[i - 1] + (9 - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-    return 1000 * c["one_token_s"] * (t9 - 1.0) / 8
+    curve = CostCurve(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["cost_curve"].items()})
+    return 1000 * curve.one_token_s * (curve.t(9) - 1.0) / 8
 
 
 def step_rows(runs: list[dict]) -> list[dict]:
     """One dict per (method, temperature) with the aggregated step statistics, in first-seen order."""
     groups: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    walls: dict[tuple[str, float], float] = defaultdict(float)
     for run in runs:
         steps = run.get("steps") or {}
         if not steps or not any(steps.get("tree_size", [])):
             continue  # plain decoding and HF baselines: no tree
         groups[(run["method"], run["temperature"])].append(steps)
+        walls[(run["method"], run["temperature"])] += run["wall_time"]
     rows = []
     for (method, temperature), all_steps in groups.items():
         n = sum(len(s["accepted_length"]) for s in all_steps)
         total = lambda field: sum(sum(s.get(field) or [0.0]) for s in all_steps)  # noqa: E731
         row = {"method": method, "temperature": temperature, "steps": n,
                "accepted": total("accepted_length") / n,
+               "step_ms": 1000 * walls[(method, temperature)] / n,
+               "verify_ms": 1000 * total("verify_time") / n,
                "draft_forwards": total("draft_forwards") / n,
                "build_ms": 1000 * total("build_time") / n,
                "draft_ms": 1000 * total("draft_time") / n}
@@ -89,15 +93,15 @@ def markdown(rows: list[dict], label: str, header: dict) -> str:
              f"target {cfg.get('target')}, draft {cfg.get('draft')}, dtype {cfg.get('dtype')}, "
              f"{cfg.get('num_prompts')} prompts x {cfg.get('max_new_tokens')} tokens, written {header.get('timestamp')}",
              "",
-             "| method | T | steps | accepted | draft fw/step | build ms/step | draft ms/step | verify ms/node | "
-             "curve ms/node | "
+             "| method | T | steps | accepted | step ms | verify ms/step | draft fw/step | build ms/step | "
+             "draft ms/step | verify ms/node | curve ms/node | "
              + " | ".join(f"calibrated / actual, steps {b[2]}" for b in BUCKETS) + " | "
              + " | ".join(f"estimated / actual, steps {b[2]}" for b in BUCKETS) + " |",
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(BUCKETS))]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(BUCKETS))]
     curve = curve_ms_per_node(header)
     for r in rows:
         lines.append(f"| `{r['method']}` | {r['temperature']:g} | {r['steps']} | {r['accepted']:.2f} | "
-                     f"{r['draft_forwards']:.2f} | {r['build_ms']:.1f} | {r['draft_ms']:.1f} | "
+                     f"{r['step_ms']:.1f} | {r['verify_ms']:.1f} | {r['draft_forwards']:.2f} | {r['build_ms']:.1f} | {r['draft_ms']:.1f} | "
                      + ("–" if r["verify_ms_per_node"] is None else f"{r['verify_ms_per_node']:.2f}") + " | "
                      + ("–" if curve is None else f"{curve:.2f}") + " | "
                      + " | ".join(r[f"calibrated {b[2]}"] for b in BUCKETS) + " | "
