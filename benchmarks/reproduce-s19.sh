@@ -8,7 +8,7 @@
 # Run from the repository root after `make setup`, on an otherwise idle machine (2 cores), ~80 min.
 # STEPS="2" runs one step.
 source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8 9"}
 V=$OUT/mtbench-validation.jsonl
 
 # 1. The validation slice: every third of MT-Bench's questions 21-80 (20 prompts, six categories).
@@ -75,4 +75,14 @@ fi
 #    verification slope per node beside the curve's (reads the results files only).
 if run 8; then
   for R in sizes sizes-2; do $P benchmarks/step_stats.py $OUT/int8-head-mtbench-t0-s19-$R/results.jsonl; done
+fi
+
+# 9. The final code (after the review's refactor of how a draft head gets the target's features outside the step loop,
+#    ac28c7f, which the cost curve's draft timing uses): the former size 8 (before) and the shipped 3 (after) in one
+#    process, interleaved per prompt with plain decoding, with budget=auto.
+if run 9; then
+  rm -rf $OUT/int8-head-mtbench-t0-s19-final
+  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0 --threads 2 \
+    --out $OUT/int8-head-mtbench-t0-s19-final -m dyspec:budget=8:lookup=6 -m dyspec:budget=3:lookup=6 \
+    -m dyspec:budget=auto:lookup=6
 fi
