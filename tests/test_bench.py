@@ -101,11 +101,28 @@ def test_bad_sweep_value_fails_up_front(spec):
 
 # ---------------------------------------------------------------------------------------------- prompts
 def test_builtin_prompt_sets_from_installed_packages():
-    mt = load_prompts("mt-bench")
-    assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt) and mt[0].category
+    mt, val = load_prompts("mt-bench"), load_prompts("mt-bench-validation")
+    assert len(mt) == 60 and len(val) == 20 and all(len(p.turns) == 2 for p in mt + val)
+    assert not {p.id for p in mt} & {p.id for p in val}  # settings are never chosen on the test set
     he = load_prompts("humaneval")
     assert len(he) == 164 and he[0].id == "HumanEval/0" and "def " in he[0].turns[0]
     assert len(load_prompts("mt-bench", 5)) == 5
+
+
+def test_mt_bench_selection_is_stratified_over_all_eight_categories():
+    first = load_prompts("mt-bench", 24)
+    counts = {c: sum(p.category == c for p in first) for c in {p.category for p in first}}
+    assert len(counts) == 8 and set(counts.values()) == {3}
+    assert [p.id for p in first[:3]] == ["81", "91", "102"]  # writing, roleplay, then reasoning past 101
+    # the validation slice: every third question after the first 20, in MT-Bench's order
+    assert [p.id for p in load_prompts("mt-bench-validation")[:3]] == ["101", "104", "107"]
+
+
+def test_stratified_order_round_robins_categories():
+    from arborspec.bench.prompts import Prompt, stratified
+
+    ps = [Prompt(str(i), ["x"], c) for i, c in enumerate("aaabbc")]
+    assert [p.id for p in stratified(ps)] == ["0", "3", "5", "1", "4", "2"]
 
 
 def test_second_turn_includes_the_first_answer():
@@ -165,6 +182,9 @@ def test_report_from_synthetic_results(tmp_path):
     report = write_report([path], tmp_path / "rep")
     _check_report(tmp_path / "rep", report)
     assert "2.10x" in report.read_text()  # 11 / 5.25
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    speedups = [m["speedup"] for m in summary["methods"] if m["speedup"] is not None]
+    assert speedups and abs(max(speedups) - 11 / 5.25) < 1e-9  # the table's figure, exactly
 
 
 def test_report_json_prints_and_writes_the_same_result(tmp_path, capsys):

