@@ -1,34 +1,123 @@
 #!/usr/bin/env bash
-# Reproduce the sweep of every method on the shipped default pair: the batch-invariant int8 target with its draft head
-# (stage 11) on 2 CPU cores, MT-Bench first turns (20 x 128 new tokens) at T = 0 and 0.6 and HumanEval (10 x 128) at
-# T = 0, each method interleaved per prompt with plain decoding in the same process, transformers' generate() and
-# assisted generation as the peers. Every method at 4 draft nodes (DySpec also at 3, the size chosen on the validation
-# slice, benchmarks/reproduce-s19.sh) with context lookup (lookup=6: grafted where the verifier takes any tree, i.e. at
-# T = 0 for every method and at T = 0.6 for the selected-tree methods; docs/algorithms.md §9); Sequoia with the shape
-# its DP gives for 4 nodes from a calibration of this pair. Run from the repository root after `make setup`, on an
-# otherwise idle machine, ~40 min. The first session's sweep with the distilled draft: benchmarks/reproduce-distilled.sh.
-source "$(dirname "$0")/reproduce-common.sh"
-STEPS=${STEPS:-"1 2 3"}
-METHODS="-m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$OUT/sequoia-head/shape-4.json:lookup=6
+# Regenerate every figure that README.md and benchmarks/README.md quote, on the current code.
+#
+#   benchmarks/reproduce.sh quick          # ~10 min on 2 cores: a smaller version of the README table
+#   benchmarks/reproduce.sh full           # ~3 h on 2 cores: the README table and the evidence docs cite
+#   benchmarks/reproduce.sh full 3 4       # only steps 3 and 4 of a mode
+#
+# Run from the repository root after `make setup`, on an otherwise idle machine: every speedup is a
+# same-process ratio to plain decoding, but a second heavy process still distorts it. Raw runs go to
+# runs/ (not versioned); what a reader needs (report.md, summary.json, two plots) is copied into
+# benchmarks/results/. A step that is interrupted can be rerun alone; `arborspec bench` runs resume
+# with RESUME=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+A=.venv/bin/arborspec
+P=.venv/bin/python
+RES=benchmarks/results
+RUNS=runs/reproduce
+MODE=${1:-quick}
+shift || true
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11} "
+[[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
+mkdir -p "$RES" "$RUNS"
+run() { [[ $STEPS == *" $1 "* ]]; }
+say() { echo "== $MODE step $1: $2 ($(date -u +%H:%M:%S))" >&2; }
+resume() { [[ ${RESUME:-0} == 1 ]] && echo --resume || true; }
+
+# bench NAME ARGS...: one `arborspec bench` run into runs/, then its report, summary and the two plots a
+# reader looks at into benchmarks/results/NAME/ (the per-step records stay in runs/).
+bench() {
+  local name=$1
+  shift
+  [[ ${RESUME:-0} == 1 ]] || rm -rf "$RUNS/$name"
+  $A bench --threads 2 --out "$RUNS/$name" $(resume) "$@"
+  rm -rf "${RES:?}/$name" && mkdir -p "$RES/$name"
+  for f in report.md summary.json speedup_by_category.png speedup_vs_budget.png; do
+    [[ -f $RUNS/$name/$f ]] && cp "$RUNS/$name/$f" "$RES/$name/"
+  done
+  sed -i "s#$RUNS/$name/results.jsonl#$name (per-step records not kept)#" "$RES/$name/report.md"
+}
+
+# generate_default NAME PROMPTS...: `arborspec generate PROMPT --compare-ar` with no other option, each
+# prompt in its own process (as a user runs it), and the mean of the printed speedups.
+generate_default() {
+  local name=$1 log=$RES/$1.txt
+  shift
+  : > "$log.tmp"
+  for prompt in "$@"; do
+    echo "\$ arborspec generate \"$prompt\" --compare-ar" >> "$log.tmp"
+    $A generate "$prompt" --compare-ar 2>&1 >/dev/null | sed 's/\x1b\[[0-9;]*m//g' >> "$log.tmp"
+  done
+  $P - "$log.tmp" <<'EOF' >> "$log.tmp"
+import re, statistics, sys
+text = open(sys.argv[1]).read()
+x = [float(v) for v in re.findall(r"speedup ([0-9.]+)x", text)]
+same = text.count("identical tokens")
+print(f"speedups {', '.join(f'{v:.2f}x' for v in x)}; mean {statistics.mean(x):.2f}x; "
+      f"{same} of {len(x)} outputs identical to plain decoding")
+EOF
+  mv "$log.tmp" "$log"
+  tail -1 "$log" >&2
+}
+
+SKY="Explain in a few sentences why the sky is blue."
+PROMPTS=("$SKY" "Write a Python function that checks whether a string is a palindrome."
+         "Give me three tips for writing a clear email to a busy colleague.")
+ALL="-m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6
   -m opt-tree:budget=4:lookup=6 -m eagle2:budget=4:lookup=6 -m c2t:budget=4:lookup=6 -m dyspec:budget=4:lookup=6
-  -m dyspec:budget=3:lookup=6 -m dyspec-threshold:budget=4:lookup=6"
+  -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16"
 
-# 1. Sequoia: positional acceptance vector, t(n) and c for the default pair at T = 0.6, then the DP's shape for 4 nodes.
+if [[ $MODE == quick ]]; then
+  # 1. int8 target, 8 MT-Bench questions (one per category) x 128 tokens, T = 0: the default, the
+  #    papers' size and the runner-up, against plain decoding and transformers.
+  run 1 && say 1 "int8 MT-Bench" && bench quick-mtbench-int8 --dtype int8 --prompts mt-bench \
+    --num-prompts 8 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted \
+    -m dyspec:budget=3:lookup=6 -m opt-tree:budget=4:lookup=6 -m dyspec:budget=16
+  # 2. the unmodified float32 model, same prompts: its default against plain float32 decoding.
+  run 2 && say 2 "float32 MT-Bench" && bench quick-mtbench-float32 --dtype float32 --prompts mt-bench \
+    --num-prompts 8 --max-new-tokens 128 --temperatures 0 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
+  # 3. `arborspec generate --compare-ar` with no other option on three prompts.
+  run 3 && say 3 "generate defaults" && generate_default quick-generate-default "${PROMPTS[@]}"
+  exit 0
+fi
+
+# 1. Sequoia's shape for 4 nodes, from a calibration of the shipped pair (acceptance vector, t(n), c).
 if run 1; then
-  $A calibrate --dtype int8 --temperature 0.6 --out $OUT/sequoia-head/calibration.json
-  $A sequoia-shape $OUT/sequoia-head/calibration.json --size 4 --depth 4 --out $OUT/sequoia-head/shape-4.json
+  say 1 "Sequoia calibration and shape"
+  $A calibrate --dtype int8 --temperature 0.6 --out "$RUNS/sequoia-calibration.json"
+  $A sequoia-shape "$RUNS/sequoia-calibration.json" --size 4 --depth 4 --out "$RES/sequoia-shape-4.json"
 fi
-
-# 2. MT-Bench, every method, T = 0 and 0.6, with HF generate and HF assisted generation (T = 0).
-if run 2; then
-  rm -rf $OUT/all-methods-mtbench
-  $A bench --dtype int8 --prompts mt-bench --num-prompts $MT --max-new-tokens $N --temperatures 0,0.6 --threads 2 \
-    --compare-hf-assisted --out $OUT/all-methods-mtbench $METHODS
-fi
-
-# 3. HumanEval, every method, T = 0.
-if run 3; then
-  rm -rf $OUT/all-methods-humaneval
-  $A bench --dtype int8 --prompts humaneval --num-prompts 10 --max-new-tokens $N --temperatures 0 --threads 2 \
-    --compare-hf-assisted --out $OUT/all-methods-humaneval $METHODS
-fi
+# 2. The README table: int8 target, 24 MT-Bench questions (3 per category) x 128 tokens, every method at
+#    4 draft nodes with context lookup, the CPU default (DySpec 3 + lookup) and the papers' DySpec 16,
+#    T = 0 and 0.6, transformers' generate() and assisted generation beside them.
+run 2 && say 2 "int8 MT-Bench, all methods" && bench mtbench-int8 --dtype int8 --prompts mt-bench \
+  --num-prompts 24 --max-new-tokens 128 --temperatures 0,0.6 --compare-hf-assisted $ALL
+# 3. HumanEval, first 10 problems, every method, T = 0.
+run 3 && say 3 "int8 HumanEval, all methods" && bench humaneval-int8 --dtype int8 --prompts humaneval \
+  --num-prompts 10 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted $ALL
+# 4. The unmodified float32 model on the same MT-Bench selection: the default for a named model
+#    (DySpec 3 + lookup), the papers' size, plain float32 decoding and transformers.
+run 4 && say 4 "float32 MT-Bench" && bench mtbench-float32 --dtype float32 --prompts mt-bench \
+  --num-prompts 24 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted \
+  -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
+# 5. `arborspec generate --compare-ar` with no other option on three prompts.
+run 5 && say 5 "generate defaults" && generate_default generate-default "${PROMPTS[@]}"
+# 6. The CPU tree size, chosen on the validation slice (never on the benchmark's questions).
+run 6 && say 6 "tree sizes on the validation slice" && bench validation-sizes --dtype int8 \
+  --prompts mt-bench-validation --num-prompts 20 --max-new-tokens 128 --temperatures 0 \
+  -m dyspec:budget=2:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6 \
+  -m dyspec:budget=6:lookup=6 -m dyspec:budget=8:lookup=6
+# 7. What a forward of n rows costs, float32 and int8 (why small trees pay on a CPU).
+run 7 && say 7 "cost of a forward by rows" && $P benchmarks/tools/cost_paths.py --out "$RES/cost-paths.json"
+# 8. What the int8 target gives up against float32.
+run 8 && say 8 "int8 quality" && $P benchmarks/tools/int8_quality.py --out "$RES/int8-quality.json"
+# 9. The shipped draft head's held-out quality per tree depth, and its cost.
+run 9 && say 9 "draft head quality" && $A draft-quality --draft embedded-head --threads 2 \
+  --n-mtbench 20 --n-humaneval 10 --max-new-tokens 128 --out "$RES/head-quality.json"
+# 10. 4,096-token generations: identity with plain decoding, both KV caches checked after every step.
+run 10 && say 10 "4,096-token runs" && $P benchmarks/tools/long_runs.py --new-tokens 4096 \
+  --out "$RES/long-4096.json"
+# 11. The randomized soak: 10,000 speculative steps on tiny random pairs, every invariant checked.
+run 11 && say 11 "soak" && $A soak --steps 10000 --seed 0 --out "$RES/soak-10000.json"
+exit 0
