@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arborspec.offline.distill import DistillConfig, build_prompts, check_vocab_match, distill, load_data, load_draft, pca_embedding
+from arborspec.offline.corpus import distill_prompts
+from arborspec.offline.distill import DistillConfig, check_vocab_match, distill, load_data, load_draft, pca_embedding
 from arborspec.errors import ArborError
 from arborspec.models import SHIPPED_DRAFT_DIR, load_tokenizer
 
@@ -44,9 +45,9 @@ def tiny_target(tmp_path_factory, target_tok):
 
 
 def test_prompts_are_deterministic_deduplicated_and_not_eval_sets():
-    a, b = build_prompts(300, seed=3), build_prompts(300, seed=3)
+    a, b = distill_prompts(300, seed=3), distill_prompts(300, seed=3)
     assert a == b and len(a) == 300 and len(set(a)) == 300
-    assert build_prompts(300, seed=4) != a
+    assert distill_prompts(300, seed=4) != a
     assert any("Python" in p for p in a) and any("Python" not in p for p in a)
     text = " ".join(a).lower()
     assert "mt-bench" not in text and "humaneval" not in text

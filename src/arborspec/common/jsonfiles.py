@@ -4,11 +4,11 @@ and writing them atomically, so that Ctrl-C or a kill at any moment leaves the o
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import ArborError
+from .atomic import write_atomic
 
 
 def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> Any:
@@ -23,16 +23,10 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> Any:
 
 
 def write_json_atomic(obj: Any, path: str | Path, indent: int | None = 1) -> None:
-    """Write `obj` as JSON to `path` through a temporary file beside it (flushed to disk, then renamed over
-    `path`): a reader never sees a half-written file. The folder is made if it does not exist yet."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(obj, indent=indent) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write `obj` as JSON to `path` atomically (`common/atomic.py`): a reader never sees a
+    half-written file. The folder is made if it does not exist yet."""
+    text = json.dumps(obj, indent=indent) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def report_json(obj: Any, out: str | Path | None) -> None:

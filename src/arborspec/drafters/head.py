@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
+from ..common.atomic import save_tensors_atomic
 from ..common.hf_cache import cache_kwargs
 from ..common.jsonfiles import write_json_atomic
 from ..common.timing import clock
@@ -176,8 +177,6 @@ class DraftHead(nn.Module):
     def save(self, out_dir: str | Path, target_name: str, target_model, extra: dict | None = None,
              weights_dtype: torch.dtype | None = None) -> Path:
         """Write head.safetensors (floating weights in `weights_dtype`, default as trained) + head.json."""
-        from safetensors.torch import save_file
-
         if self.int8_layers:
             raise ArborError("this draft head runs int8 layers (loaded with int8): save the float head it was loaded from")
         out = Path(out_dir)
@@ -185,9 +184,7 @@ class DraftHead(nn.Module):
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         if weights_dtype is not None:
             state = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in state.items()}
-        tmp = out / (WEIGHTS_FILE + ".tmp")
-        save_file(state, str(tmp), metadata={"format": HEAD_FORMAT})
-        tmp.replace(out / WEIGHTS_FILE)
+        save_tensors_atomic(state, out / WEIGHTS_FILE, metadata={"format": HEAD_FORMAT})
         meta = {
             "format": HEAD_FORMAT, "version": HEAD_VERSION, "target": target_name,
             "target_model_type": target_model.config.model_type, "target_fingerprint": target_fingerprint(target_model),

@@ -2,8 +2,8 @@
 
 A small built-in list of everyday and technical instructions, or a user file
 (one prompt per line, or a JSON list of strings). The benchmark's prompt sets
-(MT-Bench, HumanEval) are in `bench/prompts.py`; the distillation's training
-prompts are built in `offline/distill.py`.
+(MT-Bench, HumanEval) are in `bench/prompts.py`; the training prompts of the
+draft model and the draft head are built in `offline/corpus.py`.
 """
 
 from __future__ import annotations

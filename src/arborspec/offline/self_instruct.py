@@ -26,7 +26,7 @@ import random
 import torch
 
 from ..errors import ArborError
-from .generation import left_padded, pad_token_id
+from .generation import left_padded, pad_token_id, sampling_kwargs
 
 _MARK = "\x00arborspec-user-message\x00"
 
@@ -67,8 +67,9 @@ def write_queries(model, tokenizer, n: int, seed: int, end_ids: set[int], max_to
     pad = pad_token_id(tokenizer)
     ids, mask = left_padded(rows, pad)
     torch.manual_seed(seed)
-    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
-                         temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_tokens, pad_token_id=pad)
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                         max_new_tokens=max_tokens, pad_token_id=pad,
+                         **sampling_kwargs(temperature))
     queries = []
     for start, row in zip(starts, out[:, ids.shape[1]:].tolist()):
         end = next((j for j, t in enumerate(row) if t in end_ids), None)

@@ -1,6 +1,6 @@
-"""Train a draft head (`head.py`) for any Hugging Face causal LM: `arborspec train-head --target T --out DIR`.
+"""Train a draft head (`drafters/head.py`) for any Hugging Face causal LM: `arborspec train-head`.
 
-Stages, each resumable from what it left on disk under `<out>.work/`:
+Four parts, each resumable from what it left on disk under `<out>.work/`:
 
 1. **Data** (`head_data.py`): the target's own answers to a prompt pool that
    never contains benchmark data, with the target's features, in shards; with
@@ -14,9 +14,10 @@ Stages, each resumable from what it left on disk under `<out>.work/`:
    head its own pass-(k-1) predictions, attending to the true rows of pass 1
    and to its own earlier predicted rows exactly as a depth-(k-1) tree node
    does at inference, so deeper draft nodes are trained on what they will see.
-   AdamW, warm-up + cosine schedule; checkpoints every `ckpt_every` steps and
-   on Ctrl-C (which then stops without exporting: `Interrupted`); `--resume`
-   continues with the batches an uninterrupted run would have seen.
+   AdamW, warm-up + cosine schedule (`training.py`); checkpoints every
+   `ckpt_every` steps and on Ctrl-C (which then stops without exporting:
+   `Interrupted`); `--resume` continues with the batches an uninterrupted run
+   would have seen.
 3. **Evaluate** after each epoch on held-out sequences of the same pool and
    report top-1 agreement with the target's greedy token per tree depth
    (depth 1 = chain acceptance at temperature 0).
@@ -28,23 +29,26 @@ training split; 0 keeps the full vocabulary.
 
 from __future__ import annotations
 
-import math
 import random
-import signal
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..common.interrupts import DeferredInterrupt
 from ..common.jsonfiles import write_json_atomic
 from ..common.progress import progress_bar
+from ..common.timing import clock
 from ..drafters.head import DraftHead
-from ..errors import Interrupted
-from .head_data import (HeadDataConfig, HeadSequence, generate_head_data, load_head_data, shard_paths,
+from . import batching
+from .head_data import (HeadDataConfig, HeadSequence, generate_head_data, load_head_data,
                         token_frequencies)
+from .shards import shard_paths
+from .training import (TrainingRun, WarmupCosine, has_checkpoint, held_out_split,
+                       interrupt_keeps_work, interrupted_at_checkpoint, optimizer_step,
+                       work_dir_for)
 
 
 @dataclass(kw_only=True)
@@ -75,7 +79,7 @@ class HeadTrainConfig:
 
     @property
     def work_path(self) -> Path:
-        return Path(self.work_dir) if self.work_dir else Path(str(self.out).rstrip("/") + ".work")
+        return work_dir_for(self.out, self.work_dir)
 
 
 # --------------------------------------------------------------------------- batching
@@ -109,21 +113,10 @@ def make_batch(seqs: list[HeadSequence], max_len: int) -> Batch:
     return Batch(tokens, prev, target, valid, pad)
 
 
-def token_batches(seqs: list[HeadSequence], batch_tokens: int, max_len: int, rng: random.Random) -> list[list[int]]:
-    """Indices grouped by similar length so that each batch holds about `batch_tokens` padded tokens."""
-    order = sorted(range(len(seqs)), key=lambda i: min(len(seqs[i].tokens), max_len))
-    batches, cur, cur_max = [], [], 0
-    for i in order:
-        n = min(len(seqs[i].tokens), max_len)
-        if cur and max(cur_max, n) * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur, cur_max = [], 0
-        cur.append(i)
-        cur_max = max(cur_max, n)
-    if cur:
-        batches.append(cur)
-    rng.shuffle(batches)
-    return batches
+def token_batches(seqs: list[HeadSequence], batch_tokens: int, max_len: int,
+                  rng: random.Random) -> list[list[int]]:
+    """Indices grouped by similar length, each batch about `batch_tokens` padded tokens."""
+    return batching.token_batches([min(len(s.tokens), max_len) for s in seqs], batch_tokens, rng)
 
 
 def ttt_mask(pad: torch.Tensor, step: int, dtype: torch.dtype) -> torch.Tensor:
@@ -183,21 +176,11 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
 # --------------------------------------------------------------------------- training
 
 
-def _lr_at(cfg: HeadTrainConfig, step: int, total: int, elapsed_s: float = 0.0) -> float:
-    """Linear warm-up, then cosine decay to 5 % over the steps or the time budget, whichever runs out first."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-    if cfg.time_budget_s:
-        frac = max(frac, min(1.0, elapsed_s / cfg.time_budget_s))
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def split(seqs: list[HeadSequence], val_fraction: float, seed: int) -> tuple[list[HeadSequence], list[HeadSequence]]:
-    idx = list(range(len(seqs)))
-    random.Random(seed + 99).shuffle(idx)
-    n_val = max(1, int(len(idx) * val_fraction)) if len(idx) > 1 else 0
-    return [seqs[i] for i in idx[n_val:]], [seqs[i] for i in idx[:n_val]]
+def split(seqs: list[HeadSequence], val_fraction: float,
+          seed: int) -> tuple[list[HeadSequence], list[HeadSequence]]:
+    """(training, held-out) sequences: a `val_fraction` share (at least one) held out, seeded."""
+    n_val = max(1, int(len(seqs) * val_fraction)) if len(seqs) > 1 else 0
+    return held_out_split(seqs, n_val, random.Random(seed + 99))
 
 
 @torch.no_grad()
@@ -219,22 +202,15 @@ def evaluate(head: DraftHead, seqs: list[HeadSequence], cfg: HeadTrainConfig) ->
     return out
 
 
-def _save_checkpoint(path: Path, head: DraftHead, opt, state: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "ckpt.pt.tmp"
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-    tmp.replace(path / "ckpt.pt")
-
-
-def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bool = True) -> tuple[DraftHead, dict]:
-    torch.manual_seed(cfg.seed)
-    freq = token_frequencies(train_seqs, target_model.get_output_embeddings().weight.shape[0])
+def _new_head(cfg: HeadTrainConfig, target_model, freq: torch.Tensor, resuming: bool) -> DraftHead:
+    """A head initialised from the target, over the `cfg.draft_vocab` most frequent answer tokens;
+    with `init_from` (and no checkpoint to resume) starting from that exported head's weights."""
     vocab_ids = None
     if cfg.draft_vocab:
         vocab_ids = torch.sort(torch.argsort(freq, descending=True)[: cfg.draft_vocab]).values
     head = DraftHead(target_model, vocab_ids=vocab_ids)
     head.init_from_target(target_model)
-    if cfg.init_from and not (cfg.resume and (cfg.work_path / "checkpoint" / "ckpt.pt").is_file()):
+    if cfg.init_from and not resuming:
         from ..drafters.head import load_head
 
         state = load_head(cfg.init_from, target_model).state_dict()  # refuses a head of another target
@@ -242,93 +218,82 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bo
         head.load_state_dict(state)
         head.refresh_lm_rows()
         print(f"arborspec: starting from the weights of {cfg.init_from}", file=sys.stderr)
+    return head
+
+
+def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
+          progress: bool = True) -> tuple[DraftHead, dict]:
+    """Train a head; returns it and the training record. Ctrl-C (first) ends the step in flight,
+    checkpoints and returns with `interrupted` set; `resume` continues with the batches an
+    uninterrupted run would have seen next."""
+    torch.manual_seed(cfg.seed)
+    freq = token_frequencies(train_seqs, target_model.get_output_embeddings().weight.shape[0])
+    ckpt_dir = cfg.work_path / "checkpoint"
+    head = _new_head(cfg, target_model, freq, resuming=cfg.resume and has_checkpoint(ckpt_dir))
     head.train()
     params = [p for n, p in head.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     rng = random.Random(cfg.seed)
     per_epoch = len(token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, random.Random(0)))
     total = max(1, int(per_epoch * cfg.epochs))
-    state = {"step": 0, "history": [], "best": None, "elapsed_s": 0.0}
-    ckpt_dir = cfg.work_path / "checkpoint"
-    if cfg.resume and (ckpt_dir / "ckpt.pt").is_file():
-        ck = torch.load(ckpt_dir / "ckpt.pt", weights_only=False)
-        head.load_state_dict(ck["head"])
+    run = TrainingRun(head, opt, ckpt_dir, resume=cfg.resume, time_budget_s=cfg.time_budget_s)
+    state = run.state
+    if run.resumed:
         head.refresh_lm_rows()
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        for _ in range(state["step"] // per_epoch):  # replay the finished epochs' shuffles: same batch order as
-            token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)  # an uninterrupted run from here on
-        print(f"arborspec: resuming head training at step {state['step']}/{total}", file=sys.stderr)
+        # replay the finished epochs' shuffles: the same batch order as the uninterrupted run
+        for _ in range(state["step"] // per_epoch):
+            token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)
     coverage = float(freq[head.vocab_ids].sum()) / max(1, float(freq.sum()))
-    interrupted = {"flag": False}
-    old_handler = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(signum, frame):  # finish the step, checkpoint, stop
-        interrupted["flag"] = True
-
-    signal.signal(signal.SIGINT, on_sigint)
-    t_start = time.time() - state["elapsed_s"]
-    try:
-        with progress_bar(progress) as bar:
-            task = bar.add_task("train head", total=total, completed=state["step"], info="")
-            epoch_batches: list[list[int]] = []
-            while state["step"] < total and not interrupted["flag"]:
-                if not epoch_batches:
-                    epoch_batches = token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)
-                    # resuming: skip what this epoch already did
-                    epoch_batches = epoch_batches[state["step"] % per_epoch:]
-                idx = epoch_batches.pop(0)
-                for g in opt.param_groups:
-                    g["lr"] = _lr_at(cfg, state["step"], total, time.time() - t_start)
-                loss, stats = head_losses(head, make_batch([train_seqs[i] for i in idx], cfg.max_len), cfg.ttt_steps, cfg.ce_weight)
-                opt.zero_grad(set_to_none=True)
-                if torch.is_tensor(loss):
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                    opt.step()
-                state["step"] += 1
-                state["elapsed_s"] = time.time() - t_start
-                top = " ".join(f"d{s['depth']}={s['top1']:.2f}" for s in stats)
-                bar.update(task, advance=1, info=f"loss {float(loss.detach() if torch.is_tensor(loss) else loss):.3f} top1 {top}")
-                end_of_epoch = state["step"] % per_epoch == 0 or state["step"] == total
-                out_of_time = cfg.time_budget_s and state["elapsed_s"] > cfg.time_budget_s
-                if end_of_epoch or out_of_time:
-                    metrics = evaluate(head, val_seqs, cfg)
-                    metrics.update(step=state["step"], epoch=round(state["step"] / per_epoch, 3),
-                                   elapsed_s=round(state["elapsed_s"], 1))
-                    state["history"].append(metrics)
-                    print(f"arborspec: held-out {metrics}", file=sys.stderr)
-                    if state["best"] is None or metrics["top1_depth1"] >= state["best"]["top1_depth1"]:
-                        state["best"] = metrics
-                        head.save(cfg.work_path / "best", cfg.target, target_model)
-                if state["step"] % cfg.ckpt_every == 0 or end_of_epoch:
-                    _save_checkpoint(ckpt_dir, head, opt, state)
-                if out_of_time:
-                    print("arborspec: training time budget reached", file=sys.stderr)
-                    break
-    finally:
-        _save_checkpoint(ckpt_dir, head, opt, state)
-        signal.signal(signal.SIGINT, old_handler)
-    info = {"steps": state["step"], "total_steps": total, "history": state["history"], "best": state["best"],
-            "train_seconds": round(state["elapsed_s"], 1), "draft_vocab_coverage": round(coverage, 4),
-            "interrupted": interrupted["flag"]}
+    schedule = WarmupCosine(cfg.lr, cfg.warmup_steps)
+    notice = ("arborspec: interrupt received: saving a checkpoint after this step "
+              "(Ctrl-C again to abort)")
+    with DeferredInterrupt(notice) as interrupt, progress_bar(progress) as bar:
+        task = bar.add_task("train head", total=total, completed=state["step"], info="")
+        epoch_batches: list[list[int]] = []
+        while state["step"] < total and not interrupt.requested:
+            if not epoch_batches:
+                epoch_batches = token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)
+                # resuming: skip what this epoch already did
+                epoch_batches = epoch_batches[state["step"] % per_epoch:]
+            idx = epoch_batches.pop(0)
+            lr = schedule.at(state["step"], total, run.time_fraction())
+            batch = make_batch([train_seqs[i] for i in idx], cfg.max_len)
+            loss, stats = head_losses(head, batch, cfg.ttt_steps, cfg.ce_weight)
+            optimizer_step(opt, loss, params, lr, cfg.grad_clip)
+            state["step"] += 1
+            top = " ".join(f"d{s['depth']}={s['top1']:.2f}" for s in stats)
+            shown = float(loss.detach() if torch.is_tensor(loss) else loss)
+            bar.update(task, advance=1, info=f"loss {shown:.3f} top1 {top}")
+            end_of_epoch = state["step"] % per_epoch == 0 or state["step"] == total
+            out_of_time = run.out_of_time()
+            if end_of_epoch or out_of_time:
+                metrics = evaluate(head, val_seqs, cfg)
+                metrics.update(step=state["step"], epoch=round(state["step"] / per_epoch, 3),
+                               elapsed_s=round(run.elapsed(), 1))
+                print(f"arborspec: held-out {metrics}", file=sys.stderr)
+                if run.record(metrics, metrics["top1_depth1"], higher_is_better=True):
+                    head.save(cfg.work_path / "best", cfg.target, target_model)
+            if state["step"] % cfg.ckpt_every == 0 or end_of_epoch:
+                run.save()
+            if out_of_time:
+                print("arborspec: training time budget reached", file=sys.stderr)
+                break
+    run.save()
+    info = {"steps": state["step"], "total_steps": total, "history": state["history"],
+            "best": state["best"], "train_seconds": round(state["elapsed_s"], 1),
+            "draft_vocab_coverage": round(coverage, 4), "interrupted": interrupt.requested}
     return head, info
 
 
 def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
-    """All stages; returns the exported head directory. Ctrl-C raises `Interrupted` saying what is kept
-    (whole data shards, the checkpoint of the last finished step) and nothing is exported."""
+    """All four parts; returns the exported head directory. Ctrl-C raises `Interrupted` saying what
+    is kept (whole data shards, the checkpoint of the last finished step); nothing is exported."""
     from ..models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.target)
     target = load_model(cfg.target, cfg.device, "float32")
-    try:
+    with interrupt_keeps_work(cfg.work_path):
         return _stages(cfg, target, tokenizer, progress)
-    except Interrupted:
-        raise
-    except KeyboardInterrupt:  # outside the training loop: every file on disk is whole (atomic writes)
-        raise Interrupted(f"interrupted; data shards and checkpoints kept in {cfg.work_path}; "
-                          "rerun with --resume to continue") from None
 
 
 def self_instruct_data(cfg: HeadTrainConfig) -> HeadDataConfig:
@@ -339,10 +304,10 @@ def self_instruct_data(cfg: HeadTrainConfig) -> HeadDataConfig:
 def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     data_dir, chat_dir = cfg.work_path / "data", cfg.work_path / "data-self-instruct"
     if not cfg.skip_data:  # the self-instructed part first; --data-time-budget-s is the time of both parts
-        t0, budget = time.time(), cfg.data.time_budget_s
+        t0, budget = clock(), cfg.data.time_budget_s
         if cfg.self_instruct:
             generate_head_data(self_instruct_data(cfg), target, tokenizer, chat_dir, progress=progress)
-        left = budget - (time.time() - t0)
+        left = budget - (clock() - t0)
         if not budget or left > 0:
             generate_head_data(replace(cfg.data, time_budget_s=left if budget else 0.0), target, tokenizer, data_dir,
                                progress=progress)
@@ -353,7 +318,7 @@ def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     target.requires_grad_(False)
     head, info = train(cfg, target, train_seqs, val_seqs, progress)
     if info["interrupted"]:
-        raise Interrupted(f"interrupted; checkpoint kept in {cfg.work_path / 'checkpoint'}; rerun with --resume to continue")
+        raise interrupted_at_checkpoint(cfg.work_path / "checkpoint")
     best_dir = cfg.work_path / "best"
     if (best_dir / "head.safetensors").is_file():
         from ..drafters.head import load_head
