@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/arborspec generate "Explain in a few sentences why the sky is blue." --max-new-tokens 96 --compare-ar --dtype int8 --budget 3 --lookup 6
+	$(BIN)/arborspec generate "Explain in a few sentences why the sky is blue." --max-new-tokens 96 --compare-ar
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

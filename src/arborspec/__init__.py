@@ -1,8 +1,8 @@
 """arborspec: lossless tree-based speculative decoding on unmodified Hugging Face models.
 
 The layers, bottom up (ARCHITECTURE.md): `common` and `errors`, `engine` (the step
-loop), `drafters` and `builders`, `models` (loading a pair), `offline` and `bench`,
-then this API and the CLI.
+loop), `drafters` and `builders`, `models` (loading a pair) and `defaults` (what runs
+when the user does not say), `offline` and `bench`, then this API and the CLI.
 """
 
 from .api import ModelPair, SpeculativeGenerator, load_pair

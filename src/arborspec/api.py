@@ -1,58 +1,117 @@
 """The Python API: load a target/draft pair once, generate with any registered method.
 
     from arborspec import SpeculativeGenerator
-    gen = SpeculativeGenerator(method="dyspec", budget=32)          # embedded pair, CPU
-    out = gen.generate("Why is the sky blue?", max_new_tokens=64)   # greedy: exactly the target's tokens
+    gen = SpeculativeGenerator()        # the embedded pair with this device's defaults
+    print(gen.describe())               # what it runs: method, tree size, precision, ...
+    out = gen.generate("Why is the sky blue?", max_new_tokens=64)  # greedy: the target's tokens
     print(out.text, out.mean_accepted_length)
-    big = SpeculativeGenerator(target="Qwen/Qwen2.5-14B-Instruct", draft="ngram",
-                               device_map="auto", max_memory="0=10GiB,cpu=20GiB")  # the rest offloaded to disk
+    big = SpeculativeGenerator(target="Qwen/Qwen2.5-14B-Instruct", draft="ngram", device_map="auto",
+                               max_memory="0=10GiB,cpu=20GiB")  # the rest offloaded to disk
 
-Argument names mirror `transformers.generate`: `max_new_tokens`, `do_sample`,
-`temperature`, `top_k`, `top_p`; plus `seed` for the generators.
+Method, tree size, context lookup and precision default to the device's choice
+(`arborspec.defaults`); explicit values always win. Argument names mirror
+`transformers.generate`: `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`; plus
+`seed` for the generators.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .builders import make_builder
 from .common.chat import encode_prompt, eos_ids
+from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
 from .engine.stats import GenerationInterrupted, GenerationResult
-from .models import EMBEDDED_TARGET, ModelPair, check_same_vocabulary, default_draft, load_pair
+from .models import (EMBEDDED_TARGET, EMBEDDED_TARGET_NAME, ModelPair, check_pair,
+                     check_same_vocabulary, default_draft, load_pair)
 
 # Re-exported: the names API users have imported from here.
-__all__ = ["DEFAULT_BUDGET", "DEFAULT_METHOD", "ModelPair", "SpeculativeGenerator", "check_same_vocabulary",
+__all__ = ["DEFAULT_METHOD", "ModelPair", "SpeculativeGenerator", "check_same_vocabulary",
            "default_draft", "encode_prompt", "eos_ids", "load_pair", "sampling_config"]
-
-DEFAULT_METHOD = "dyspec"
-DEFAULT_BUDGET = 16
 
 
 class SpeculativeGenerator:
-    """A loaded pair + a tree method; `generate()` returns a `GenerationResult` with per-step statistics."""
+    """A loaded pair + a tree method; `generate()` returns a `GenerationResult` with per-step
+    statistics. `settings` holds what it runs with (`arborspec.defaults.Defaults`); `describe()`
+    says it in one line."""
 
-    def __init__(self, target: str = EMBEDDED_TARGET, draft: str | None = None, method: str = DEFAULT_METHOD,
-                 device: str = "cpu", dtype: str = "float32", verifier: str | None = None, budget: int | str | None = None,
-                 reorder_dfs: bool = False, pair: ModelPair | None = None, device_map: str | dict | None = None,
-                 max_memory: str | dict | None = None, offload_folder: str | None = None, draft_logits: str = "auto",
-                 compile: bool = False, lookup: int = 0, **method_params: Any) -> None:
-        """`device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
+    def __init__(self, target: str = EMBEDDED_TARGET, draft: str | None = None,
+                 method: str | None = None, device: str = "cpu", dtype: str = AUTO,
+                 verifier: str | None = None, budget: int | str | None = None,
+                 reorder_dfs: bool = False, pair: ModelPair | None = None,
+                 device_map: str | dict | None = None, max_memory: str | dict | None = None,
+                 offload_folder: str | None = None, draft_logits: str = "auto",
+                 compile: bool = False, lookup: int | None = None,
+                 announce: Callable[[str], None] | None = None, **method_params: Any) -> None:
+        """`method`, `budget`, `lookup` (None) and `dtype` ("auto") default to the device's choice
+        (`arborspec.defaults.choose`: on CPU dyspec with 3 draft nodes and a lookup of 6, int8 for
+        the embedded target; on a GPU 32 draft nodes, float32); a method given without a budget or
+        builder parameters gets the device's default budget.
+        `device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
         (accelerate; see `arborspec.models.placement_kwargs`); they override `device`.
-        `draft_logits`: a draft head's layer and logits in "int8" (the "auto" choice on CPU) or "float" (never changes the output).
-        `compile`: run the target's decoder through `torch.compile` (one-off compilation on the first forwards).
-        `lookup`: graft up to this many tokens copied from earlier in the context onto each tree (0: off; greedy and
-        sample-and-match verification only, `engine/lookup.py`); never changes the output."""
-        if budget is None and not method_params:
-            budget = DEFAULT_BUDGET
-        self.builder = make_builder(method, budget=budget, **method_params)
-        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits)
+        `draft_logits`: a draft head's layer and logits in "int8" (the "auto" choice on CPU) or
+        "float" (never changes the output).
+        `compile`: run the target's decoder through `torch.compile` (one-off compilation on the
+        first forwards).
+        `lookup`: graft up to this many tokens copied from earlier in the context onto each tree
+        (0: off; greedy and sample-and-match verification only, `engine/lookup.py`); never changes
+        the output.
+        `pair`: a pair loaded elsewhere (`load_pair`); then target, draft, dtype and placement are
+        its own.
+        `announce`: called with `describe()`'s line once the settings are chosen, before any model
+        loads (bad input fails before it)."""
+        where = str(pair.target.device) if pair is not None else device
+        embedded = (pair.target_name if pair is not None else target) == EMBEDDED_TARGET
+        placement = (None, None) if pair is not None else (device_map, max_memory)
+        self.settings: Defaults = choose(where, embedded, *placement, method=method, budget=budget,
+                                         lookup=lookup,
+                                         dtype=pair.precision if pair is not None else dtype,
+                                         builder_params=bool(method_params))
+        self.builder = make_builder(self.settings.method, budget=self.settings.budget,
+                                    **method_params)
+        dtype = self.settings.dtype
+        if announce is not None and pair is not None:
+            announce(self._describe_pair(pair))
+        elif announce is not None:
+            check_pair(target, draft, device, dtype, device_map, max_memory, offload_folder,
+                       draft_logits)
+            placed = device_map is not None or max_memory is not None
+            announce(self._line(target, draft or default_draft(target), dtype,
+                                "device map" if placed else device))
+        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory,
+                                      offload_folder, draft_logits)
         if compile:  # also for a pair loaded elsewhere; compiling twice is a no-op
             self.pair.target.compile()
-        self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder, verifier=verifier,
-                                          reorder_dfs=reorder_dfs, lookup=lookup)
+        self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder,
+                                          verifier=verifier, reorder_dfs=reorder_dfs,
+                                          lookup=self.settings.lookup)
+
+    def describe(self) -> str:
+        """One line: method, tree size, lookup, the target with its precision and device, the
+        draft, the baseline; e.g. `dyspec, 3 draft nodes + lookup 6 | target embedded
+        SmolLM2-135M-Instruct (int8, cpu) | draft embedded-head | baseline: plain decoding of the
+        same int8 target`."""
+        return self._describe_pair(self.pair)
+
+    def _describe_pair(self, pair: ModelPair) -> str:
+        placed = ", device map" if getattr(pair.target.model, "hf_device_map", None) else ""
+        return self._line(pair.target_name, pair.draft_name, pair.precision,
+                          f"{pair.target.device}{placed}")
+
+    def _line(self, target: str, draft: str, precision: str, where: str) -> str:
+        s, b = self.settings, self.builder
+        nodes = f"{b.budget} draft nodes"
+        size = f"auto-sized trees of at most {nodes}" if b.needs_cost else nodes
+        method = f"{b.name}, {size}" + (f" + lookup {s.lookup}" if s.lookup else "")
+        if s.note:
+            method += f" ({s.note})"
+        shown = f"{target} {EMBEDDED_TARGET_NAME}" if target == EMBEDDED_TARGET else target
+        return (f"{method} | target {shown} ({precision}, {where}) | draft {draft} | "
+                f"baseline: plain decoding of the same {precision} target")
 
     @property
     def tokenizer(self):

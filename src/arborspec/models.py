@@ -32,7 +32,7 @@ from .common.datafiles import package_file
 from .common.vocab import check_same_tokenizer, check_vocab_size
 from .drafters import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
 from .engine.adapter import ModelAdapter
-from .engine.int8 import quantize_int8
+from .engine.int8 import Int8GroupMember, Int8Linear, quantize_int8
 from .errors import ArborError
 
 EMBEDDED_TARGET = "embedded"
@@ -46,7 +46,8 @@ SHIPPED_HEAD_DIR = Path(__file__).parent / "assets" / "smollm2-head"
 
 
 def is_head_dir(name: str) -> bool:
-    """A draft-head directory (head.json + head.safetensors, see `arborspec train-head`) or the shipped alias."""
+    """A draft-head directory (head.json + head.safetensors, see `arborspec train-head`), or
+    `embedded-head`, the shipped head."""
     if name == EMBEDDED_HEAD:
         return True
     path = Path(name).expanduser()
@@ -60,11 +61,7 @@ def resolve_head_dir(name: str) -> Path:
         return SHIPPED_HEAD_DIR
     return Path(name).expanduser()
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 INT8 = "int8"  # the batch-invariant int8 target for CPU (engine/int8.py)
@@ -276,7 +273,7 @@ def embedded_target_dir() -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """Map the embedded aliases to directories; check that a local path exists."""
+    """Map the embedded model names to directories; check that a local path exists."""
     if name == EMBEDDED_TARGET:
         return str(embedded_target_dir())
     if name == EMBEDDED_DRAFT:
@@ -350,15 +347,28 @@ def default_draft(target: str) -> str:
     return NGRAM_DRAFT
 
 
+def model_precision(model) -> str:
+    """The precision a loaded model runs in: int8 (engine/int8.py), else its weights' dtype."""
+    if any(isinstance(m, (Int8Linear, Int8GroupMember)) for m in model.modules()):
+        return INT8
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 @dataclass
 class ModelPair:
-    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer."""
+    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer; `precision`: the
+    target's (float32, float16, bfloat16, int8; found from the model when not given)."""
 
     target_name: str
     draft_name: str
     target: ModelAdapter
     drafter: Drafter
     tokenizer: Any
+    precision: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.precision:
+            self.precision = model_precision(self.target.model)
 
 
 def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str) -> None:
@@ -387,6 +397,23 @@ def head_int8(draft_logits: str, device: str | torch.device, placed: bool) -> bo
     return draft_logits == "int8" or (draft_logits == "auto" and cpu)
 
 
+def check_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu",
+               dtype: str = "float32", device_map: str | dict | None = None,
+               max_memory: str | dict | None = None,
+               offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto") -> None:
+    """What `load_pair` refuses before loading anything (one-line ArborErrors): a bad placement, a
+    precision the device cannot run, a bad `draft_logits`, a local target or draft path that does not
+    exist."""
+    draft = draft or default_draft(target)
+    placement = placement_kwargs(device_map, max_memory, offload_folder)
+    check_precision(dtype, device, placement)
+    head_int8(draft_logits, device, bool(placement))
+    if draft != NGRAM_DRAFT and not is_head_dir(draft):
+        resolve_model_path(draft)
+    if target != EMBEDDED_TARGET:  # the embedded target is converted on first use: not here
+        resolve_model_path(target)
+
+
 def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | dict | None = None, max_memory: str | dict | None = None,
               offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto",
@@ -403,12 +430,9 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
     draft = draft or default_draft(target)
-    # bad placement or precision fails before anything is loaded
+    check_pair(target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits)
     placement = placement_kwargs(device_map, max_memory, offload_folder)
-    check_precision(dtype, device, placement)
     int8_head = head_int8(draft_logits, device, bool(placement))
-    if draft != NGRAM_DRAFT and not is_head_dir(draft):
-        resolve_model_path(draft)  # a missing draft path fails before the target is loaded
     tokenizer = load_tokenizer(target)
     target_model = load_model(target, device, dtype, device_map, max_memory, offload_folder)
     adapter = ModelAdapter(target_model)
@@ -423,4 +447,5 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)
         drafter = ModelDrafter(draft_model)
-    return ModelPair(target, draft, adapter, drafter, tokenizer)
+    precision = dtype.lower() if isinstance(dtype, str) else ""  # "": found from the model
+    return ModelPair(target, draft, adapter, drafter, tokenizer, precision)

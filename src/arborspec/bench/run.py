@@ -113,7 +113,7 @@ class BenchConfig:
         return d
 
 
-DECODER_KEYS = ("lookup", "value_temperature")  # method-spec keys for the decoder and its draft side, not the builder
+DECODER_KEYS = ("lookup",)  # method-spec keys for the decoder, not the builder
 
 
 @dataclass(frozen=True)
@@ -134,15 +134,6 @@ class MethodConfig:
         value = dict(self.params).get("lookup", 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ArborError(f"method {self.label!r}: lookup must be a whole number of tokens >= 0, got {value!r}")
-        return value
-
-    @property
-    def value_temperature(self) -> float | None:
-        """`value_temperature=V`: T = 0's ordered draws valued at V (engine/sampling.py; None: the default); not a
-        builder parameter."""
-        value = dict(self.params).get("value_temperature")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-            raise ArborError(f"method {self.label!r}: value_temperature must be a number > 0, got {value!r}")
         return value
 
     def make(self) -> TreeBuilder:
@@ -176,7 +167,7 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
     out: list[MethodConfig] = []
     for spec in specs:
         for m in parse_method_spec(spec):
-            m.make(), m.lookup, m.value_temperature  # each raises a one-line ArborError on an unknown method or a bad value
+            m.make(), m.lookup  # each raises a one-line ArborError on an unknown method or a bad value
             if m not in out:
                 out.append(m)
     return out
@@ -286,7 +277,6 @@ class _Runner:
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
         self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup) for m in methods}
-        self.value_temperatures = {m.label: m.value_temperature for m in methods if m.value_temperature is not None}
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
         self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")
         # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)
@@ -321,8 +311,6 @@ class _Runner:
         if label == BASELINE:
             result = autoregressive_generate(self.pair.target, ids, dcfg)
         else:
-            if label in self.value_temperatures:
-                dcfg = replace(dcfg, sampling=replace(dcfg.sampling, value_temperature=self.value_temperatures[label]))
             result = self.decoders[label].generate(ids, dcfg)
         return Generated(result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config)
 

@@ -5,11 +5,7 @@ forward, `t(n + 1) + f * c` (the measured cost curve `engine/cost.CostCurve`: n 
 plus the root, and f draft forwards of relative cost c) and is expected to commit
 `E[A](n) = 1 + sum of the values of its n nodes` tokens (the builder's own estimate,
 bonus included). `budget=auto` keeps the n, up to the builder's `budget` (now a cap),
-that maximises `E[A](n) - lam x (t(n + 1) + f * c)`, lam being the generation's tokens per
-unit of cost so far (engine/long_run.py): the sizes that maximise the whole generation's
-throughput, not each step's own rate (`objective=long-run`, the default; `objective=step`,
-and the first steps of a generation, maximise the step's rate `E[A](n) / (t(n + 1) + f * c)`;
-docs/algorithms.md §7).
+that maximises the step's rate `E[A](n) / (t(n + 1) + f * c)` (docs/algorithms.md §7).
 
 Selected trees (OPT-Tree) are grown, then cut to their best-scoring prefix in an order in which
 every prefix is a valid tree: calibrated value (else the builder's own path probability)
@@ -43,48 +39,12 @@ from ..errors import ArborError
 from .base import rank_nodes
 
 
-OBJECTIVES = ("long-run", "step")
-
-
-@dataclass(frozen=True)
-class Objective:
-    """What `budget=auto` maximises over the sizes n of one step (docs/algorithms.md §7).
-
-    `long_run` None: the step's own rate `E[A](n) / cost(n)`. A number lam (the generation's tokens per unit of
-    modelled cost so far, engine/long_run.py): `E[A](n) - lam x cost(n)`, the rule that maximises the
-    generation's throughput (the two agree when lam is the step's own best rate)."""
-
-    cost: CostCurve
-    long_run: float | None = None
-
-    def of(self, expected: float, step_cost: float) -> float:
-        """The score of a tree expected to commit `expected` tokens at `step_cost` (plus the curve's learnt cost
-        of each committed token beyond the `READ_ROWS` the curve's timed forwards include)."""
-        cost = step_cost + self.cost.token_cost * (expected - READ_ROWS)
-        return expected / cost if self.long_run is None else expected - self.long_run * cost
-
-    def score(self, expected: float, size: int, draft_forwards: int) -> float:
-        return self.of(expected, self.cost.step_cost(size, draft_forwards))
-
-    def exchange(self, best_score: float) -> float:
-        """Tokens a unit of cost must buy to be worth paying: the step's best rate, or lam."""
-        return best_score if self.long_run is None else self.long_run
-
-
-def as_objective(objective: Objective | CostCurve) -> Objective:
-    """A bare cost curve means the step's own rate."""
-    return objective if isinstance(objective, Objective) else Objective(objective)
-
-
-def objective_for(name: str, cost: CostCurve, long_run: float | None) -> Objective:
-    """The objective a builder's `objective` parameter names ("long-run": lam = `long_run` once the
-    generation has one, else the step's own rate; "step": always the step's own rate)."""
-    return Objective(cost, long_run if name == "long-run" else None)
-
-
-def check_objective(name: str) -> None:
-    if name not in OBJECTIVES:
-        raise ArborError(f"objective must be one of {', '.join(OBJECTIVES)}, got {name!r}")
+def step_rate(cost: CostCurve, expected: float, size: int, draft_forwards: int) -> float:
+    """What `budget=auto` maximises over the sizes n of one step (docs/algorithms.md §7): the rate
+    `E[A](n) / cost(n)` of a tree of `size` nodes expected to commit `expected` tokens, with
+    `draft_forwards` draft forwards paid (plus the curve's learnt cost of each committed token beyond
+    the `READ_ROWS` the curve's timed forwards include)."""
+    return expected / (cost.step_cost(size, draft_forwards) + cost.token_cost * (expected - READ_ROWS))
 
 
 def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
@@ -95,23 +55,21 @@ def require_cost(name: str, cost: CostCurve | None) -> CostCurve:
     return cost
 
 
-def best_prefix(gains: list[float], objective: Objective | CostCurve, draft_forwards: int) -> tuple[int, float]:
-    """The n in 0..len(gains) maximising the objective's score of `E[A] = 1 + sum(gains[:n])` (by default
-    `E[A] / cost.step_cost(n, draft_forwards)`; `gains` in ranking order; the smallest such n on ties), and
-    that score."""
-    objective = as_objective(objective)
-    best_n, best, expected = 0, objective.score(1.0, 0, draft_forwards), 1.0
+def best_prefix(gains: list[float], cost: CostCurve, draft_forwards: int) -> tuple[int, float]:
+    """The n in 0..len(gains) maximising the step rate (`step_rate`) of `E[A] = 1 + sum(gains[:n])`
+    (`gains` in ranking order; the smallest such n on ties), and that rate."""
+    best_n, best, expected = 0, step_rate(cost, 1.0, 0, draft_forwards), 1.0
     for n, gain in enumerate(gains, start=1):
         expected += gain
-        score = objective.score(expected, n, draft_forwards)
+        score = step_rate(cost, expected, n, draft_forwards)
         if score > best:
             best_n, best = n, score
     return best_n, best
 
 
-def best_size(gains: list[float], objective: Objective | CostCurve, draft_forwards: int) -> int:
+def best_size(gains: list[float], cost: CostCurve, draft_forwards: int) -> int:
     """The n of `best_prefix`."""
-    return best_prefix(gains, objective, draft_forwards)[0]
+    return best_prefix(gains, cost, draft_forwards)[0]
 
 
 def ranking(tree: TokenTree, values: list[float] | None = None) -> list[int]:
@@ -126,42 +84,40 @@ def calibrated_values(tree: TokenTree, acceptance: AcceptanceModel | None) -> li
     return acceptance.node_values(tree) if acceptance is not None else tree.values
 
 
-def layer_to_draft(tree: TokenTree, layer: list[int], objective: Objective | CostCurve, draft_forwards: int,
+def layer_to_draft(tree: TokenTree, layer: list[int], cost: CostCurve, draft_forwards: int,
                    acceptance: AcceptanceModel | None, cap: int) -> list[int]:
     """For a builder that grows layer by layer (OPT-Tree): the nodes of `layer` whose children could still
     raise the best score of the tree so far (its best prefix of at most `cap` nodes, calibrated values) after
     paying one more draft forward; empty: stop growing.
 
-    A node is dropped when it is worth less than the cheapest average price of a node beyond the best prefix
-    (`exchange x (step cost(m) - step cost(n)) / (m - n)`, minimised over m; the exchange is the best rate,
-    or lam for the long-run objective): its children, worth less still, can never pay for their rows. Then
-    the layer as a whole: at most one child of a node is accepted, so the children are worth at most their
-    parent each and at most the layer's total value together; the best tree of m nodes holds some j children
-    and the m - j best nodes already there (a full tree gains by swapping its weakest); if no m beats the
-    score, the layer is not worth its forward."""
-    objective = as_objective(objective)
-    cost = objective.cost
+    A node is dropped when it is worth less than the cheapest average price of a node beyond the
+    best prefix (`best rate x (step cost(m) - step cost(n)) / (m - n)`, minimised over m): its
+    children, worth less still, can never pay for their rows. Then the layer as a whole: at most one
+    child of a node is accepted, so the children are worth at most their parent each and at most the
+    layer's total value together; the best tree of m nodes holds some j children and the m - j best
+    nodes already there (a full tree gains by swapping its weakest); if no m beats the score, the
+    layer is not worth its forward."""
     values = calibrated_values(tree, acceptance)
     gains = [values[i] for i in ranking(tree, values)[:cap]]
-    n, score = best_prefix(gains, objective, draft_forwards + 1)
+    n, score = best_prefix(gains, cost, draft_forwards + 1)
     base = cost.step_cost(n, draft_forwards + 1)
     price = min(((cost.step_cost(m, draft_forwards + 1) - base) / (m - n) for m in range(n + 1, cap + 1)),
                 default=0.0)
-    layer = [i for i in layer if values[i] >= objective.exchange(score) * price]
+    layer = [i for i in layer if values[i] >= score * price]
     top = max((values[i] for i in layer), default=0.0)
     total = sum(values[i] for i in layer)
     prefix = [0.0]
     for gain in gains:
         prefix.append(prefix[-1] + gain)
-    best = best_prefix(gains, objective, draft_forwards)[1]
+    best = best_prefix(gains, cost, draft_forwards)[1]
     for m in range(1, cap + 1):
         expected = 1.0 + max(prefix[min(m - j, len(gains))] + min(total, j * top) for j in range(m + 1))
-        if objective.score(expected, m, draft_forwards + 1) > best:
+        if step_rate(cost, expected, m, draft_forwards + 1) > best:
             return layer
     return []
 
 
-def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwards: int,
+def auto_subtree(tree: TokenTree, cost: CostCurve, draft_forwards: int,
                  acceptance: AcceptanceModel | None = None) -> TokenTree:
     """The best-scoring prefix of `tree`'s ranking (see `best_size`); node gains are the acceptance model's
     calibrated values when one is given (engine/acceptance.py), else the builder's own.
@@ -174,7 +130,7 @@ def auto_subtree(tree: TokenTree, objective: Objective | CostCurve, draft_forwar
                          "grow sampled trees with GrowthRule instead")
     values = calibrated_values(tree, acceptance)
     order = ranking(tree, values)
-    n = best_size([values[i] for i in order], objective, draft_forwards)
+    n = best_size([values[i] for i in order], cost, draft_forwards)
     if n == len(order):
         return tree
     return tree.subtree(order[:n])
@@ -224,8 +180,8 @@ class GrowthRule:
     biases the output (`tests/test_auto_size.py`). So every decision here uses values known beforehand:
 
     * a draw of a drafted node is made only if its *expected* calibrated value (`DrawMoments.expected_rate` x
-      the parent's calibrated value) is at least `price`: the exchange rate (lam, or the best step rate so far)
-      times the cheapest average cost of a node beyond the current size;
+      the parent's calibrated value) is at least `price`: the best step rate so far times the cheapest
+      average cost of a node beyond the current size;
     * a draft forward for a node's children is paid only if they are expected to repay it: the node's
       calibrated value times the mean calibrated rate of the first two children of the nodes grown so far
       (`kappa`; at most one child is accepted, so at most the node's value) must buy the forward and a row.
@@ -234,10 +190,10 @@ class GrowthRule:
     parent's times `rate(q, rank)`), else by the builder's own values.
     """
 
-    def __init__(self, objective: Objective | CostCurve, acceptance: AcceptanceModel | None, cap: int,
+    def __init__(self, cost: CostCurve, acceptance: AcceptanceModel | None, cap: int,
                  ordered: bool = False) -> None:
         """`ordered`: the draws are the draft's most likely tokens in order (temperature 0, `draw_value`)."""
-        self.objective, self.acceptance, self.cap, self.ordered = as_objective(objective), acceptance, cap, ordered
+        self.cost, self.acceptance, self.cap, self.ordered = cost, acceptance, cap, ordered
         self.values = [1.0]  # calibrated value per node, the root's 1 first
         self.prefix = [1.0]  # calibrated E[A] of the first k nodes grown, k = 0, 1, ...
         self._best: dict[int, float] = {}  # best prefix score per number of draft forwards, kept up to date
@@ -261,23 +217,24 @@ class GrowthRule:
             self._first_two[parent] = self._first_two.get(parent, 0.0) + rate
         size = len(self.prefix) - 1
         for forwards, best in self._best.items():
-            self._best[forwards] = max(best, self.objective.score(self.prefix[-1], size, forwards))
+            self._best[forwards] = max(best, step_rate(self.cost, self.prefix[-1], size, forwards))
 
     def best(self, draft_forwards: int) -> float:
         """The best score of a prefix grown so far, with `draft_forwards` draft forwards paid."""
         if draft_forwards not in self._best:
-            self._best[draft_forwards] = max(self.objective.score(e, k, draft_forwards) for k, e in enumerate(self.prefix))
+            self._best[draft_forwards] = max(step_rate(self.cost, e, k, draft_forwards)
+                                             for k, e in enumerate(self.prefix))
         return self._best[draft_forwards]
 
     def price(self, size: int, draft_forwards: int) -> float:
-        """The least a node must be expected to be worth to join a tree of `size` nodes: the exchange (lam, or the
-        best rate so far) times the cheapest average cost per node of growing to some m > size nodes
+        """The least a node must be expected to be worth to join a tree of `size` nodes: the best rate
+        so far times the cheapest average cost per node of growing to some m > size nodes
         (`(cost(m) - cost(size)) / (m - size)`); infinite at the cap."""
-        cheapest = self.objective.cost.cheapest_growth(size, draft_forwards, self.cap)
-        exchange = self.objective.exchange(self.best(draft_forwards))
+        cheapest = self.cost.cheapest_growth(size, draft_forwards, self.cap)
+        exchange = self.best(draft_forwards)
         # a node worth v adds v tokens and v x token_cost of cost: it pays when v (1 - exchange x token_cost)
         # covers exchange x its share of the rows
-        return exchange * cheapest / max(1e-6, 1.0 - exchange * self.objective.cost.token_cost)
+        return exchange * cheapest / max(1e-6, 1.0 - exchange * self.cost.token_cost)
 
     def expected_draw(self, parent: int, moments: DrawMoments, drawn: list[float]) -> float:
         """The expected calibrated value of `parent`'s next draw, given the draft probabilities of its earlier
@@ -316,5 +273,5 @@ class GrowthRule:
         and a row: the tree with them scores above the tree as it is with `paid` forwards."""
         if size >= self.cap:
             return False
-        return (self.objective.score(self.expected + gain, size + 1, draft_forwards)
-                > self.objective.score(self.expected, size, paid))
+        return (step_rate(self.cost, self.expected + gain, size + 1, draft_forwards)
+                > step_rate(self.cost, self.expected, size, paid))

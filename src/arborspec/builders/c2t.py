@@ -1,12 +1,12 @@
 """C2T: grow the tree layer by layer, keeping the children a tiny classifier trusts (Huo et al. 2025, "C2T", Sec. 4.2).
 
-Each layer: every frontier node proposes its `topk` children (alias `k`; one
+Each layer: every frontier node proposes its `topk` children (one
 batched draft forward for the layer); each candidate gets the classifier's
 confidence from (joint probability, parent entropy over the top-1000
 probabilities, depth) — see `c2t_classifier.py`; candidates with confidence
 >= beta pass (first pruning), and at most `topk` of them, the most confident,
-form the next layer (second pruning). Growth stops at `max_depth` layers
-(alias `depth`), when nothing passes, or at `budget` nodes.
+form the next layer (second pruning). Growth stops at `max_depth` layers,
+when nothing passes, or at `budget` nodes.
 
 The classifier comes from `classifier=PATH`, else the shipped file for the
 embedded pair (`assets/c2t/embedded.safetensors`, made by `arborspec
@@ -45,7 +45,6 @@ class C2TBuilder(TreeBuilder):
     name = "c2t"
     children_mode = "selected"
     paper = "Huo et al. 2025, C2T (Sec. 4.2)"
-    aliases = {"k": "topk", "depth": "max_depth"}
     _clf: C2TClassifier | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """Chain: classic speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
 
-`budget` draft tokens (alias `gamma`) sampled one after another, each from the
+`budget` draft tokens sampled one after another, each from the
 draft's distribution after the previous one; `max_depth`, when given, caps the
 length too. A chain is a tree with one child per node (`topk` can only be 1),
 so the `rejection` verifier is exactly the standard speculative sampling rule
@@ -25,7 +25,6 @@ class ChainBuilder(TreeBuilder):
     name = "chain"
     children_mode = "without_replacement"
     paper = "Leviathan et al. 2023 / Chen et al. 2023"
-    aliases = {"gamma": "budget"}
 
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth)

@@ -32,10 +32,9 @@ that samples (chain, Sequoia), so all of them estimate values the same way
 Size parameters: `budget` (nodes), `max_depth` (None: bounded by the budget)
 and `topk` (draws per node; None: as many as the budget allows). With
 `auto=true` (`budget=auto`) the budget is a cap and each draw is made only if its
-expected calibrated value, known before the draw, pays for its row at the exchange
-rate of `objective` (the generation's throughput, or the step's own rate), and a
-draft forward only if the children it yields are expected to repay it
-(builders/auto_size.GrowthRule). Nothing is cut after the tree is grown: a cut by
+expected calibrated value, known before the draw, pays for its row at the step's
+best rate so far, and a draft forward only if the children it yields are expected
+to repay it (builders/auto_size.GrowthRule). Nothing is cut after the tree is grown: a cut by
 the kept nodes' own values would bias the rejection verifier (docs/algorithms.md §7).
 """
 
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
 from ..errors import ArborError
-from .auto_size import DrawMoments, GrowthRule, check_objective, objective_for, require_cost
+from .auto_size import DrawMoments, GrowthRule, require_cost
 from .base import DrawSequence, add_draw, require_positive
 from .registry import register
 
@@ -70,18 +69,16 @@ class _DySpecSize:
     max_depth: int | None
     topk: int | None
     auto: bool
-    objective: str
 
     def _rule(self, ctx: DraftContext) -> GrowthRule | None:
         """budget=auto: the growth rule (builders/auto_size.py), deciding every draw before it is made."""
         if not self.auto:
             return None
-        return GrowthRule(objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run),
-                          ctx.acceptance, self.budget, ordered=ctx.cfg.ordered_draws)
+        return GrowthRule(require_cost(self.name, ctx.cost), ctx.acceptance, self.budget,
+                          ordered=ctx.cfg.ordered_draws)
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
-        check_objective(self.objective)
 
     def draws_per_node(self, room: int) -> int:
         """How many children a node may get when `room` nodes are left."""
@@ -93,11 +90,7 @@ class _DySpecSize:
 class DySpecBuilder(_DySpecSize, TreeBuilder):
     budget: int = 32  # with auto: the largest tree considered
     prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
-    prefetch_all: bool = False  # with auto: prefetch every such node, as fixed budgets do, not only those that can pay
     auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
-    # with auto: "step" (each step's rate) or "long-run" (the generation's throughput); "step" measured at least as
-    # fast for DySpec in every same-run comparison (docs/algorithms.md §7)
-    objective: str = "step"
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
@@ -152,7 +145,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         if self.prefetch:
             room = self.budget - tree.size - 1
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
-            if rule is not None and not self.prefetch_all:  # this forward is paid either way
+            if rule is not None:  # this forward is paid either way
                 forwards = ctx.drafter.forwards + 1
                 slots = [s for s in slots if rule.keep(tree.size, rule.children_worth(s.parent), forwards)]
             nodes += [s.parent for s in slots]
@@ -164,8 +157,7 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
 class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
     budget: int = 64  # node cap
     threshold: float = 0.03  # given a budget and no threshold: 1 / budget
-    auto: bool = False  # budget=auto: prune each tree to its best-scoring prefix (builders/auto_size.py)
-    objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
+    auto: bool = False  # budget=auto: only draws expected to pay are made (builders/auto_size.py)
     name = "dyspec-threshold"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 2)"

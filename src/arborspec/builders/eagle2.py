@@ -3,8 +3,8 @@
 Expand phase: the root proposes its `topk` children; at each further layer the
 `topk` nodes of the last layer with the largest joint probability (product of
 draft probabilities along the path) are expanded, one batched draft forward
-per layer, each proposing its own `topk` children. After `max_depth` layers
-(alias `depth`), the rerank phase keeps the `budget` nodes with the largest
+per layer, each proposing its own `topk` children. After `max_depth` layers,
+the rerank phase keeps the `budget` nodes with the largest
 joint probability over everything proposed (a valid subtree: see
 `opt_tree.top_subtree`).
 
@@ -34,7 +34,6 @@ class Eagle2Builder(TreeBuilder):
     name = "eagle2"
     children_mode = "selected"
     paper = "Li et al. 2024, EAGLE-2 (Sec. 4: expansion and reranking)"
-    aliases = {"depth": "max_depth"}
 
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)

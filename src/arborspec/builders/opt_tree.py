@@ -18,8 +18,7 @@ in the tree's current top n is not forwarded (the top-n bar only rises and its
 descendants score lower still), so wide layers cost fewer draft rows.
 
 With `auto=true` (`budget=auto`) the budget is a cap and the kept top-n is cut to the n
-that best trades expected tokens against step time (`objective`: the generation's
-throughput, or the step's own rate; builders/auto_size.py).
+that best trades expected tokens against step time (the step's rate; builders/auto_size.py).
 
 Children are *selected* by their own probability, not sampled: verify with
 `greedy` at temperature 0 and `sample-match` above (the engine enforces it,
@@ -40,7 +39,8 @@ import torch
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import ChildrenMode, TokenTree
 from ..errors import ArborError
-from .auto_size import Objective, auto_subtree, check_objective, layer_to_draft, objective_for, require_cost
+from ..engine.cost import CostCurve
+from .auto_size import auto_subtree, layer_to_draft, require_cost
 from .base import rank_nodes, require_positive, top_children
 from .registry import register
 
@@ -77,7 +77,6 @@ class OptTreeBuilder(TreeBuilder):
     max_depth: int = 12
     delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
     auto: bool = False  # budget=auto: keep the best-scoring top-n, n <= budget (builders/auto_size.py)
-    objective: str = "long-run"  # with auto: "long-run" (the generation's throughput) or "step" (each step's rate)
     name = "opt-tree"
     children_mode = "selected"
     paper = "Wang et al. 2024, OPT-Tree (Alg. 1, Thm. 3.1-3.2)"
@@ -86,17 +85,17 @@ class OptTreeBuilder(TreeBuilder):
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
         if self.delta < 0:
             raise ArborError(f"delta must be >= 0, got {self.delta}")
-        check_objective(self.objective)
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        objective = objective_for(self.objective, require_cost(self.name, ctx.cost), ctx.long_run) if self.auto else None
-        tree = self.grow(ctx, root_token, objective).tree
-        return auto_subtree(tree, objective, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
+        cost = require_cost(self.name, ctx.cost) if self.auto else None
+        tree = self.grow(ctx, root_token, cost).tree
+        return auto_subtree(tree, cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
 
-    def grow(self, ctx: DraftContext, root_token: int, objective: Objective | None = None) -> OptTreeResult:
-        """Layer by layer (module doc). With an `objective` (`budget=auto`), only the nodes whose children could
-        still pay for their rows are drafted, and growth stops when the next layer could not raise the tree's best
-        score after paying its draft forward (builders/auto_size.layer_to_draft, calibrated values)."""
+    def grow(self, ctx: DraftContext, root_token: int, cost: CostCurve | None = None) -> OptTreeResult:
+        """Layer by layer (module doc). With a cost curve (`budget=auto`), only the nodes whose children
+        could still pay for their rows are drafted, and growth stops when the next layer could not raise
+        the tree's best score after paying its draft forward (builders/auto_size.layer_to_draft,
+        calibrated values)."""
         work = TokenTree.from_root(root_token, self.children_mode)
         layer, history = [0], [1.0]  # E(A) of the root alone: the bonus token
         for _ in range(self.max_depth):
@@ -108,8 +107,8 @@ class OptTreeBuilder(TreeBuilder):
             layer = [i for i in new if i in top]
             if history[-1] - history[-2] < self.delta or not layer:
                 break
-            if objective is not None:
-                layer = layer_to_draft(work, layer, objective, ctx.drafter.forwards, ctx.acceptance, self.budget)
+            if cost is not None:
+                layer = layer_to_draft(work, layer, cost, ctx.drafter.forwards, ctx.acceptance, self.budget)
                 if not layer:
                     break
         return OptTreeResult(top_subtree(work, self.budget, self.children_mode), history)

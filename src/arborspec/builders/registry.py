@@ -35,12 +35,12 @@ def builder_class(name: str) -> type[TreeBuilder]:
 
 
 def parameter_names(cls: type[TreeBuilder]) -> list[str]:
-    """What a builder accepts: its fields (the shared `budget`, `max_depth`, `topk` first) and their aliases."""
-    return [f.name for f in dataclasses.fields(cls) if f.init] + sorted(cls.aliases)
+    """What a builder accepts: its fields (the shared `budget`, `max_depth`, `topk` first)."""
+    return [f.name for f in dataclasses.fields(cls) if f.init]
 
 
 def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBuilder:
-    """Instantiate builder `name`; aliases resolved, unknown parameters and bad values give a one-line ArborError."""
+    """Instantiate builder `name`; unknown parameters and bad values give a one-line ArborError."""
     cls = builder_class(name)
     unknown = sorted(set(params) - set(parameter_names(cls)))
     if unknown:
@@ -54,14 +54,8 @@ def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBui
         if not isinstance(budget, int) or budget < 1:
             raise ArborError(f"budget (tree size) must be an integer >= 1, got {budget!r}")
         params = {**params, "budget": budget}
-    resolved: dict[str, Any] = {}
-    for key, value in params.items():
-        field_name = cls.aliases.get(key, key)
-        if field_name in resolved:
-            raise ArborError(f"method {name!r}: {key!r} is another name for {field_name!r}; give only one of them")
-        resolved[field_name] = value
     try:
-        return cls.from_params(**resolved)
+        return cls.from_params(**params)
     except TypeError as exc:
         raise ArborError(f"bad parameters for {name!r}: {exc}") from None
 

@@ -2,9 +2,9 @@
 
 The shape (index paths, see `shapes.py`) comes from `shape=` (a JSON file, or an
 inline literal like `[[0], [1], [0, 0]]`) or from the dynamic program of
-`sequoia_dp.py` (App. C.2.2) for `budget` nodes, depth `max_depth` (alias
-`depth`) and at most `topk` children per node. Given a shape and no budget or
-depth, those are the shape's own. Layer by layer, one batched draft forward per
+`sequoia_dp.py` (App. C.2.2) for `budget` nodes, depth `max_depth` and at most
+`topk` children per node. Given a shape and no budget or depth, those are the
+shape's own. Layer by layer, one batched draft forward per
 layer, each node of the shape that has k children gets the first k draws
 *without replacement* from its draft distribution (Gumbel top-k). When a
 distribution has fewer than k non-zero tokens the missing subtrees are dropped.
@@ -42,7 +42,6 @@ class SequoiaBuilder(TreeBuilder):
     name = "sequoia"
     children_mode = "without_replacement"
     paper = "Chen et al. 2024, Sequoia (Alg. 1, App. C.2.2)"
-    aliases = {"depth": "max_depth"}
     _paths: Shape = field(default_factory=list, init=False, repr=False)
     _counts: dict = field(default_factory=dict, init=False, repr=False)
 

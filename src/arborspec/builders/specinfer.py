@@ -1,11 +1,11 @@
 """SpecInfer: `topk` independent draft sequences of `max_depth` tokens (Miao et al. 2024, "SpecInfer").
 
-The root's `topk` children (alias `k`) are i.i.d. draws *with replacement* from
+The root's `topk` children are i.i.d. draws *with replacement* from
 the draft distribution (duplicates are kept as separate nodes, each the start of
 its own sequence); every sequence then continues alone for `max_depth - 1`
-(alias `length`) more tokens. Given only a `budget`, the tree has
+more tokens. Given only a `budget`, the tree has
 `min(topk, budget)` sequences of `budget // sequences` tokens; given only
-`k` and `length`, the budget is their product. Verified by multi-round
+`topk` and `max_depth`, the budget is their product. Verified by multi-round
 rejection *with replacement* (`rejection-wr`, docs/algorithms.md §2). One draft
 forward per depth, batched over the sequences.
 """
@@ -35,13 +35,12 @@ class SpecInferBuilder(TreeBuilder):
     name = "specinfer"
     children_mode = "with_replacement"
     paper = "Miao et al. 2024, SpecInfer (k independent sequences)"
-    aliases = {"k": "topk", "length": "max_depth"}
 
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)
         if self.sequences * self.length > self.budget:
             raise ArborError(f"specinfer: {self.sequences} sequences x {self.length} tokens exceed the budget "
-                             f"of {self.budget} draft nodes: raise the budget or lower k / length")
+                             f"of {self.budget} draft nodes: raise the budget or lower topk / max_depth")
 
     @classmethod
     def from_params(cls, **params) -> "SpecInferBuilder":

@@ -1,9 +1,9 @@
 """An online acceptance model: how often the target really accepts a draft node of draft probability q.
 
 The builders value a node by its path's draft probabilities (docs/algorithms.md §3): taken at face value
-they say how likely the *draft* thinks the path is, not how likely the *target* accepts it. At T = 0 the
-shipped head is nearly calibrated; at T = 0.6 DySpec's trees with it are estimated at 2.74 tokens per step
-where 1.76 are accepted (benchmarks/speed-mtbench-t06). `AcceptanceModel` learns, during one generation, the map
+they say how likely the *draft* thinks the path is, not how likely the *target* accepts it, and above
+temperature 0 they can over-state acceptance by far (docs/algorithms.md §7, "Calibrated values").
+`AcceptanceModel` learns, during one generation, the map
 
     (q, r) -> P(the target accepts the node | its parent was accepted)
 
@@ -16,10 +16,9 @@ the target's residual distribution, which has no mass where the draft over-weigh
 draft probability 0.3 is accepted less often than a 1st child of 0.3. A node's calibrated value is
 the product of the map along its path; a tree's calibrated E[accepted length] is 1 + their sum.
 
-Starting each generation at face value costs its first steps most of their accuracy (with the n-gram draft at
-T = 0.6 the calibrated estimate of the first 10 steps was 2.4x the accepted length, of steps 30 and later within
-3 %; benchmarks/step-stats.md, written by benchmarks/step-stats.sh). So a decoder hands the model it ended a generation with, scaled down to `CARRY`
-observations (`carried`), to its next generation at the same sampling settings (engine/decode.py).
+Starting each generation at face value makes its first steps' estimates the worst. So a decoder hands the
+model it ended a generation with, scaled down to `CARRY` observations (`carried`), to its next generation at
+the same sampling settings (engine/decode.py).
 
 `budget=auto` sizes trees with the calibrated values (builders/auto_size.py), the step statistics record
 the calibrated estimate next to the builder's own, and the report plots both against the actual lengths.

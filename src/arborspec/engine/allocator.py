@@ -3,7 +3,7 @@
 Why: every step grows the KV caches by a tree's rows and crops them back (engine/adapter.py),
 so tensors of slowly growing sizes are allocated and freed thousands of times. glibc's
 allocator keeps such freed blocks in its heap rather than returning them, and a long
-generation's resident memory then grows beyond its KV cache (README, "What is guaranteed":
+generation's resident memory then grows beyond its KV cache (docs/evaluation.md (e):
 the 4,096-token runs). `malloc_trim(0)` returns that memory, for a few milliseconds per
 call. Speculative and plain decoding both call it every `TRIM_EVERY`
 committed tokens, so comparisons stay fair.

@@ -97,12 +97,10 @@ class DraftContext:
     """
 
     def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor,
-                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None,
-                 long_run: float | None = None):
+                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
         self.cost = cost  # the measured step cost curve, for builders that size trees by it (budget=auto)
         self.acceptance = acceptance  # the generation's online acceptance model (engine/acceptance.py), if any
-        self.long_run = long_run  # the generation's tokens per unit of modelled cost so far (engine/long_run.py)
         self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
         self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
         self.vocab_size = root_logits.shape[-1]
@@ -149,7 +147,6 @@ class TreeBuilder(ABC):
     name: ClassVar[str]
     children_mode: ClassVar[ChildrenMode]
     paper: ClassVar[str] = ""
-    aliases: ClassVar[dict[str, str]] = {}  # older parameter names -> the shared vocabulary
 
     budget: int = 16
     max_depth: int | None = None
@@ -173,7 +170,7 @@ class TreeBuilder(ABC):
 
     @classmethod
     def from_params(cls, **params) -> "TreeBuilder":
-        """The builder for user-given parameters: aliases resolved, derived defaults filled in.
+        """The builder for user-given parameters, derived defaults filled in.
 
         `budget` is present only when the user gave one (the CLI's `--budget`, a sweep value);
         a builder whose other defaults follow the budget overrides this.

@@ -118,8 +118,8 @@ class CostCurve:
         median over steps of what the slopes leave, never below 0.
 
         The fit minimises absolute, not squared, deviations: a run of steps the machine slowed down (another
-        process, memory pressure) would otherwise decide the slopes (one such generation once taught a committed
-        token to cost half a forward, and every later tree shrank to nothing; docs/algorithms.md §7). Steps
+        process, memory pressure) would otherwise decide the slopes (a committed token charged half a
+        forward shrinks every later tree to nothing; docs/algorithms.md §7). Steps
         without a tree (plain decoding) are ignored; a generation that built no tree at all learnt nothing about
         the slopes but must not keep a bad fit for good (trees of size 0 would never correct it): it halves them."""
         rows = [(float(s.draft_forwards), float(s.accepted_length - READ_ROWS),
@@ -185,8 +185,7 @@ def measure_target_times(target: ModelAdapter, context: list[int], sizes=DEFAULT
     start (cold caches, allocator growth) spreads over every size instead of inflating the one timed first:
     t(1), which every ratio divides by. Each size keeps its fastest round: interference (a garbage
     collection, another process) only ever adds time, and one slowed t(1) would otherwise shrink every
-    ratio and make `budget=auto` grow trees too large (a bench run measured t(1) 34 ms, 1.5x the
-    undisturbed 22 ms, and t(16)/t(1) 1.19 instead of ~1.5)."""
+    ratio and make `budget=auto` grow trees too large (docs/algorithms.md §7)."""
     sizes = sorted(set(sizes) | {1})
     target.reset()
     target.prefill(torch.tensor(context))

@@ -26,9 +26,8 @@ from .acceptance import AcceptanceModel
 from .adapter import ModelAdapter
 from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
-from .cost import READ_ROWS, CostCurve, cost_curve_for
+from .cost import CostCurve, cost_curve_for
 from .lm_head import greedy_token
-from .long_run import LongRunRate
 from .lookup import ContextLookup, graft
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
@@ -97,11 +96,11 @@ class SpeculativeDecoder:
         timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
         steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
 
-        `carry`: each generation starts from the acceptance model and long-run rate its predecessor at the
-        same sampling settings ended with (scaled down: `AcceptanceModel.carried`, `LongRunRate.carried`)
-        instead of from face value. Only `budget=auto` builders read them, to size trees: the output
-        distribution never changes, but above temperature 0 which sample a seed gives then depends on
-        the decoder's earlier generations; False makes every generation reproducible from its seed alone.
+        `carry`: each generation starts from the acceptance model its predecessor at the same sampling
+        settings ended with (scaled down: `AcceptanceModel.carried`) instead of from face value. Only
+        `budget=auto` builders read it, to size trees: the output distribution never changes, but
+        above temperature 0 which sample a seed gives then depends on the decoder's earlier
+        generations; False makes every generation reproducible from its seed alone.
 
         `lookup`: graft up to this many tokens copied from earlier in the context onto every tree
         (`engine/lookup.py`; 0: none), wherever the verifier is one that any tree is lossless for (greedy,
@@ -117,7 +116,7 @@ class SpeculativeDecoder:
         self.reorder_dfs = reorder_dfs
         self.carry = carry
         self.lookup = lookup
-        self.learnt: dict[SamplingConfig, tuple[AcceptanceModel, LongRunRate]] = {}  # per sampling settings
+        self.learnt: dict[SamplingConfig, AcceptanceModel] = {}  # per sampling settings
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
         verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
@@ -133,8 +132,7 @@ class SpeculativeDecoder:
             greedy = cfg.sampling.greedy
             self.cost = self.curves.get(greedy) or cost_curve_for(self.target, self.drafter, greedy)
         previous = self.learnt.get(cfg.sampling) if self.carry else None
-        self.acceptance = previous[0].carried() if previous else AcceptanceModel()
-        self.long_run = previous[1].carried() if previous else LongRunRate()
+        self.acceptance = previous.carried() if previous else AcceptanceModel()
         self.target.reset()
         self.drafter.reset()
         features = self.drafter.uses_target_features
@@ -155,7 +153,7 @@ class SpeculativeDecoder:
                 trim.advance(steps[-1].accepted_length)
         except KeyboardInterrupt:
             raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
-        self.learnt[cfg.sampling] = (self.acceptance, self.long_run)
+        self.learnt[cfg.sampling] = self.acceptance
         result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
             # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
@@ -178,7 +176,7 @@ class SpeculativeDecoder:
         """One speculative step (module docstring): extends `committed`, `out` and `steps`; returns the stop reason."""
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
-        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance, self.long_run.rate)
+        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance)
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
@@ -207,9 +205,6 @@ class SpeculativeDecoder:
         head_time = getattr(logits, "seconds", 0.0)  # LM-head rows the verifier computed: part of verification
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
-        if self.cost is not None:
-            self.long_run.observe(len(new), self.cost.step_cost(tree.size, self.drafter.forwards)
-                                  + self.cost.token_cost * (len(new) - READ_ROWS))
         steps.append(StepStats(
             accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
             estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,

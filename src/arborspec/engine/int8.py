@@ -1,7 +1,7 @@
 """An int8 target for CPU whose tree verification stays exact (docs/algorithms.md §8).
 
 Int8 is a *different target*: its logits differ from the float32 model's (its quality is
-measured and reported next to its speed: `benchmarks/int8_quality.py`). What must not happen is
+measured and reported next to its speed: docs/evaluation.md (c)). What must not happen is
 that a token's logits depend on the other tokens of its forward, or tree verification would
 no longer reproduce plain decoding of the same int8 model. Off-the-shelf dynamic quantisation
 (one activation scale per *tensor*) breaks exactly that. This module builds a path that keeps it:
@@ -19,8 +19,8 @@ no longer reproduce plain decoding of the same int8 model. Off-the-shelf dynamic
 * Attention in float64 (`engine/invariant_attention.py`): the one float32 reduction left whose
   rounding depends on the number of query rows.
 
-The LM head stays float32 (engine/lm_head.py runs it one row at a time, as for float32 models): an int8
-head lost greedy agreement with float32 in a probe, and the head is not quantised by any option.
+The LM head stays float32 (engine/lm_head.py runs it one row at a time, as for float32 models):
+the target's logits decide the output, and no option quantises the head (docs/algorithms.md §8).
 
 fbgemm's kernels are reached through `torch.ops.quantized` (the quantised-tensor API that PyTorch
 has deprecated): torchao's CPU int8 configurations were either slower than float32 here (weight-only)

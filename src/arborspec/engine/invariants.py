@@ -1,5 +1,5 @@
 """The KV-cache invariant of a running generation, checked after every step (the tests, the soak, the
-long-run tool in `benchmarks/long_runs.py`).
+long-run tool in `benchmarks/tools/long_runs.py`).
 
 The target's cache holds every committed token but the last, the next root (`decode.py`, docs/algorithms.md
 §1 and §4), on every layer; the drafter's holds no more than the committed tokens. Compaction must keep

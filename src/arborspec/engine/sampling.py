@@ -8,16 +8,16 @@ means greedy: the target distribution is one-hot at the argmax.
 At target temperature 0 the draft side still needs a real distribution to
 build a tree from (a one-hot draft can only ever propose a chain), so
 `draft_side()` uses `draft_temperature` there (default `GREEDY_DRAFT_TEMPERATURE`,
-the measured best, docs/algorithms.md §7); greedy verification is lossless for
+0: ordered draws, docs/algorithms.md §7); greedy verification is lossless for
 any tree, so this choice changes speed only, never the output. Above
 temperature 0 the draft side uses the target's own transform.
 
 `draft_temperature = 0` asks for *ordered draws* at target temperature 0: the
 builders that draw children without replacement (chain, Sequoia, DySpec) take
 each node's most likely draft tokens in order instead of sampling them, and
-value them with the draft distribution at `value_temperature` (default
-`ORDERED_VALUE_TEMPERATURE`, 0.8: the draft head is under-confident, and slightly sharpened values grow deeper trees
-where it is confident; measured, docs/algorithms.md §7). Greedy verification
+value them with the draft distribution at `ORDERED_VALUE_TEMPERATURE` (0.8: the
+draft head is under-confident, and slightly sharpened values grow deeper trees
+where it is confident; docs/algorithms.md §7). Greedy verification
 makes this lossless too.
 """
 
@@ -39,7 +39,6 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE; 0: ordered draws)
-    value_temperature: float = ORDERED_VALUE_TEMPERATURE  # what ordered draws are valued at (module docstring)
     # set only by `draft_side()` for draft_temperature 0 (never a constructor argument: ordered draws are lossless
     # under greedy verification only): keyed draws take the top tokens in order
     ordered_draws: bool = field(default=False, init=False)
@@ -48,8 +47,6 @@ class SamplingConfig:
         if self.draft_temperature is not None and not self.draft_temperature >= 0:
             raise ArborError(f"draft temperature must be >= 0 (0 = the draft's most likely tokens in order), "
                              f"got {self.draft_temperature}")
-        if not self.value_temperature > 0:
-            raise ArborError(f"the value temperature of ordered draws must be > 0, got {self.value_temperature}")
         if not self.temperature >= 0:
             raise ArborError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -66,8 +63,8 @@ class SamplingConfig:
         if not self.greedy:
             return self
         temperature = GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
-        if temperature == 0:  # ordered draws, valued at `value_temperature` (module docstring)
-            ordered = replace(self, temperature=self.value_temperature, draft_temperature=None)
+        if temperature == 0:  # ordered draws, valued at `ORDERED_VALUE_TEMPERATURE` (module docstring)
+            ordered = replace(self, temperature=ORDERED_VALUE_TEMPERATURE, draft_temperature=None)
             object.__setattr__(ordered, "ordered_draws", True)
             return ordered
         return replace(self, temperature=temperature, draft_temperature=None)

@@ -1,6 +1,6 @@
 """Teacher-forcing quality of a draft model against its target on held-out prompts.
 
-``python -m arborspec.offline.draft_quality --target embedded --draft embedded-draft --out q.json`` measures:
+``arborspec draft-quality --target embedded --draft embedded-draft --out q.json`` measures:
 
 * **draft cost**: median wall time of one draft forward (1 new token over a
   ``--cache-len``-token KV cache) divided by the same for the target, on this machine;
@@ -17,10 +17,7 @@ turns and HumanEval prompts, found inside their installed packages by
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
@@ -28,9 +25,7 @@ from ..common.chat import encode_prompt
 from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
 from ..common.hf_cache import cache_kwargs
 from ..common.progress import progress_bar
-from ..common.jsonfiles import report_json
 from ..common.timing import clock
-from ..errors import ArborError
 from ..models import load_model, load_tokenizer, resolve_model_path
 from .distill import load_draft
 from .generation import cut_at_eos, left_padded, pad_token_id
@@ -142,33 +137,3 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
                              f"chain_acceptance_t{temperature:g}": round(sum(all_acc) / len(all_acc), 4)}
     result["seconds"] = round(clock() - t0, 1)
     return result
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m arborspec.offline.draft_quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="embedded")
-    p.add_argument("--draft", default="embedded-draft")
-    p.add_argument("--n-mtbench", type=int, default=80, help="MT-Bench first turns to use (of 80)")
-    p.add_argument("--n-humaneval", type=int, default=40, help="HumanEval prompts to use (of 164)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--cache-len", type=int, default=128)
-    p.add_argument("--reps", type=int, default=40)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
-    p.add_argument("--gen-batch-size", type=int, default=8)
-    p.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
-    a = p.parse_args(argv)
-    try:
-        res = measure(a.target, a.draft, n_mtbench=a.n_mtbench, n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens,
-                      temperature=a.temperature, cache_len=a.cache_len, reps=a.reps, threads=a.threads,
-                      gen_batch_size=a.gen_batch_size)
-    except ArborError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    res["command"] = "python -m arborspec.offline.draft_quality " + " ".join(argv if argv is not None else sys.argv[1:])
-    report_json(res, a.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

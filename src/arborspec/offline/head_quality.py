@@ -1,4 +1,4 @@
-"""Held-out quality and cost of a draft head: `python -m arborspec.head_quality --head DIR --out q.json`.
+"""Held-out quality and cost of a draft head: `arborspec draft-quality --draft DIR --out q.json`.
 
 * **Agreement per depth** (teacher forcing, `train_head.evaluate`): on the
   target's greedy answers to MT-Bench first turns and HumanEval prompts (never
@@ -7,8 +7,8 @@
   target features: equals chain acceptance at temperature 0) and at depths 2-3
   (it reads its own predictions, as deeper tree nodes do).
 * **Chain acceptance at temperature T** (depth 1): mean of sum_x min(p_T(x), p_D(x)).
-* `--int8-logits`: the same with the head's int8 draft logits; `--int8-layers`: with its fc and decoder
-  layer in int8 too (both: the CPU default of `generate` and `bench`; drafters/head.py).
+* `--draft-logits int8`: the same with the head's fc, decoder layer and draft logits in int8 (the CPU
+  default of `generate` and `bench`; drafters/head.py); `int8_logits` alone: only the logits.
 * **Cost**: median time of one head forward (1 new row over a `cache_len` cache,
   draft-vocabulary logits included) / one 1-token target forward, interleaved.
 
@@ -17,14 +17,12 @@ The answers and their features are generated once into `--work-dir` (resumable).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from ..common.jsonfiles import report_json
 from ..common.timing import median_seconds
 from .draft_quality import forward_time, humaneval_prompts, mtbench_first_turns
 from ..drafters.head import DraftHead, load_head
@@ -102,34 +100,3 @@ def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "ru
         result["sets"][name] = stats
         print(f"{name}: {stats}", file=sys.stderr)
     return result
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m arborspec.head_quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--head", default="embedded-head")
-    p.add_argument("--target", default="embedded")
-    p.add_argument("--work-dir", default="runs/head/heldout")
-    p.add_argument("--n-mtbench", type=int, default=80)
-    p.add_argument("--n-humaneval", type=int, default=40)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--int8-logits", action="store_true", help="draft logits with int8 weights (CPU)")
-    p.add_argument("--int8-layers", action="store_true", help="fc and the decoder layer in int8 too (CPU; with --int8-logits: "
-                   "the CPU default of generate and bench)")
-    p.add_argument("--out", default="")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    from ..models import resolve_head_dir
-
-    res = measure(str(resolve_head_dir(a.head)), a.target, work_dir=a.work_dir, n_mtbench=a.n_mtbench,
-                  n_humaneval=a.n_humaneval, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                  int8_logits=a.int8_logits, int8_layers=a.int8_layers)
-    res["head"] = a.head  # the name the user gave (the resolved path depends on the install)
-    report_json(res, a.out)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

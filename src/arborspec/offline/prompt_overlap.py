@@ -3,20 +3,18 @@
 The draft head must never train on benchmark prompts. Self-instructed prompts
 (`self_instruct.py`) are written by the target, so nothing guarantees it by
 construction; this check measures it after the fact:
-`python -m arborspec.offline.prompt_overlap --data-dir runs/head/data-self-instruct --out FILE`
-compares every user message in the shards with MT-Bench's turns and HumanEval's prompts (lower-cased, punctuation
-as spaces): exact matches, and messages sharing an n-word sequence (default 8) with any benchmark text.
+`arborspec prompt-overlap --data-dir runs/head/data-self-instruct --out FILE`
+compares every user message in the shards with MT-Bench's turns and HumanEval's prompts
+(lower-cased, punctuation as spaces): exact matches, and messages sharing an n-word sequence
+(default 8) with any benchmark text.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from pathlib import Path
 
-from ..common.jsonfiles import report_json
+from ..common.jsonfiles import read_json_file
 
 
 def words(text: str) -> list[str]:
@@ -51,26 +49,19 @@ def benchmark_references() -> dict[str, list[str]]:
             "humaneval": humaneval_prompts()}
 
 
-def main(argv=None) -> int:
+def shard_overlap(data_dir: str | Path, target: str = "embedded", n: int = 8) -> dict:
+    """`benchmark_overlap` of the user messages in the head data shards of `data_dir` (rendered by
+    `target`'s tokenizer), with `asked`: the user messages the stored batches asked for (the rest
+    were not closed in time)."""
     from ..models import load_tokenizer
     from .head_data import load_head_data
     from .self_instruct import user_message
 
-    p = argparse.ArgumentParser(prog="python -m arborspec.offline.prompt_overlap", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", required=True, help="head data shards (train-head's <work>/data-self-instruct)")
-    p.add_argument("--target", default="embedded", help="whose tokenizer rendered the prompts")
-    p.add_argument("--ngram", type=int, default=8)
-    p.add_argument("--out", default="")
-    a = p.parse_args(argv)
-    tok = load_tokenizer(a.target)
-    messages = [user_message(tok, s.tokens[:s.prompt_len].tolist()) for s in load_head_data(Path(a.data_dir))]
-    res = benchmark_overlap(messages, benchmark_references(), a.ngram)
-    shards = len(list(Path(a.data_dir).glob("shard_*.safetensors")))
-    batch = json.loads((Path(a.data_dir) / "meta.json").read_text())["settings"]["batch_size"]
-    res["asked"] = shards * batch  # user messages asked for in the stored batches (the rest were not closed in time)
-    report_json(res, a.out)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    data_dir = Path(data_dir)
+    tok = load_tokenizer(target)
+    seqs = load_head_data(data_dir)
+    messages = [user_message(tok, s.tokens[:s.prompt_len].tolist()) for s in seqs]
+    res = benchmark_overlap(messages, benchmark_references(), n)
+    meta = read_json_file(data_dir / "meta.json", "head data file")
+    res["asked"] = len(list(data_dir.glob("shard_*.safetensors"))) * meta["settings"]["batch_size"]
+    return res

@@ -1,0 +1,126 @@
+"""What a generation runs with when the user does not say: method, tree size, lookup, precision.
+
+The choice depends on where the target runs and which target it is:
+
+* **CPU**: `dyspec` with 3 draft nodes and a context lookup of up to 6 tokens. Measured on a
+  2-core CPU with the embedded pair: about 1.08x plain decoding in float32 and about 1.3x on
+  the int8 target, where larger trees (the papers' 16-64 nodes) run slower than plain decoding
+  (docs/algorithms.md §7, "The size that pays on a 2-core CPU").
+* **GPU** (any accelerator): `dyspec` with the papers' larger trees, 32 draft nodes, and the
+  same lookup. A GPU verifies a few dozen rows for about the price of one, which is what the
+  papers' sizes rely on; this project has not measured it (`measured=False`, and the CLI says
+  so where it prints the settings).
+
+Precision `auto`: `int8` (the batch-invariant int8 target, engine/int8.py, the fast path on a
+CPU) for the embedded target on CPU without a device map; otherwise `float32`. A model the user
+names stays in the precision asked for (`float32` unless told) and is never quantised silently.
+
+Explicit values always win: a method given without a budget gets the device's default budget
+(unless builder parameters given with it define the tree, `builder_params`); a given budget,
+lookup or precision is kept as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ArborError
+
+AUTO = "auto"
+DEFAULT_METHOD = "dyspec"
+CPU_BUDGET = 3  # draft nodes per step on a CPU (measured)
+GPU_BUDGET = 32  # draft nodes per step on a GPU (the papers' sizes; not measured here)
+DEFAULT_LOOKUP = 6  # context-lookup tokens grafted per step (measured on CPU)
+# the placement strategies `models.placement_kwargs` takes, and the devices that are not a GPU
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+HOST_DEVICES = ("cpu", "disk")
+GPU_NOTE = "default not yet measured on GPU"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The settings a generation runs with: the user's where given, else the device's defaults.
+
+    `device`: "cpu" or "gpu", the kind of device the target runs on (the choice depends on it);
+    `budget`: draft nodes per step, "auto", or None (builder parameters define the tree);
+    `chosen`: which of method, budget, lookup, dtype came from the defaults, not the user;
+    `measured`: False when a default tree size was chosen that this project has not measured
+    (the GPU sizes); `note` then says so."""
+
+    method: str
+    budget: int | str | None
+    lookup: int
+    dtype: str
+    device: str
+    chosen: tuple[str, ...] = ()
+    measured: bool = True
+
+    @property
+    def note(self) -> str:
+        return "" if self.measured else GPU_NOTE
+
+
+def device_kind(device: str | torch.device = "cpu", device_map: str | dict | None = None,
+                max_memory: str | dict | None = None) -> str:
+    """"cpu" or "gpu": where the target runs. Without a device map, `device`; with one (or
+    `max_memory`, which implies `device_map="auto"`), "gpu" if the map names a device other than
+    cpu and disk, or is a placement strategy and torch sees a GPU."""
+    if device_map is None and max_memory is None:
+        try:
+            return "cpu" if torch.device(device).type == "cpu" else "gpu"
+        except RuntimeError:
+            message = f"--device {device!r} is not a device: use cpu, cuda, cuda:N, ..."
+            raise ArborError(message) from None
+    if device_map is None or (isinstance(device_map, str)
+                              and device_map.strip() in DEVICE_MAP_STRATEGIES):
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if isinstance(device_map, dict):
+        places = [str(v) for v in device_map.values()]
+    else:
+        places = [item.partition("=")[2] or item for item in device_map.split(",") if item.strip()]
+    return "gpu" if any(p.strip().lower() not in HOST_DEVICES for p in places) else "cpu"
+
+
+def default_dtype(kind: str, embedded: bool, placed: bool) -> str:
+    """`auto` resolved (module docstring): int8 for the embedded target on CPU without a device
+    map, else float32."""
+    return "int8" if kind == "cpu" and embedded and not placed else "float32"
+
+
+def choose(device: str | torch.device = "cpu", embedded: bool = True,
+           device_map: str | dict | None = None, max_memory: str | dict | None = None, *,
+           method: str | None = None, budget: int | str | None = None, lookup: int | None = None,
+           dtype: str = AUTO, builder_params: bool = False) -> Defaults:
+    """The settings for a target on `device` (placed by `device_map` / `max_memory` if given);
+    `embedded`: the target is the embedded model. Given values are kept; None (and dtype "auto")
+    take the defaults. `builder_params`: builder parameters were given, so a missing budget is
+    left to the builder."""
+    kind = device_kind(device, device_map, max_memory)
+    placed = device_map is not None or max_memory is not None
+    chosen = []
+    if method is None:
+        method = DEFAULT_METHOD
+        chosen.append("method")
+    if budget is None and not builder_params:
+        budget = CPU_BUDGET if kind == "cpu" else GPU_BUDGET
+        chosen.append("budget")
+    if lookup is None:
+        lookup = DEFAULT_LOOKUP
+        chosen.append("lookup")
+    if str(dtype).lower() == AUTO:
+        dtype = default_dtype(kind, embedded, placed)
+        chosen.append("dtype")
+    return Defaults(method, budget, lookup, dtype, kind, tuple(chosen),
+                    measured=not (kind == "gpu" and "budget" in chosen))
+
+
+def resolve_dtype(dtype: str, device: str | torch.device = "cpu", embedded: bool = True,
+                  device_map: str | dict | None = None,
+                  max_memory: str | dict | None = None) -> str:
+    """`dtype` itself unless it is "auto"; then the default for this target and device."""
+    if str(dtype).lower() != AUTO:
+        return dtype
+    return default_dtype(device_kind(device, device_map, max_memory), embedded,
+                         device_map is not None or max_memory is not None)
