@@ -113,7 +113,7 @@ run 7 && say 7 "cost of a forward by rows" && $P benchmarks/tools/cost_paths.py 
 # 8. What the int8 target gives up against float32.
 run 8 && say 8 "int8 quality" && $P benchmarks/tools/int8_quality.py --out "$RES/int8-quality.json"
 # 9. The shipped draft head's held-out quality per tree depth, and its cost.
-run 9 && say 9 "draft head quality" && $A draft-quality --draft embedded-head --threads 2 \
+run 9 && say 9 "draft head quality" && $A draft-quality --draft embedded-head --draft-logits int8 --threads 2 \
   --n-mtbench 20 --n-humaneval 10 --max-new-tokens 128 --out "$RES/head-quality.json"
 # 10. 4,096-token generations: identity with plain decoding, both KV caches checked after every step.
 run 10 && say 10 "4,096-token runs" && $P benchmarks/tools/long_runs.py --new-tokens 4096 \

@@ -1,6 +1,6 @@
 """The benchmark: every method config against plain decoding, same process, same prompts, interleaved.
 
-    cfg = BenchConfig(methods=["dyspec:budget=16,32", "sequoia:budget=16:depth=6"], temperatures=[0, 0.6],
+    cfg = BenchConfig(methods=["dyspec:budget=16,32", "sequoia:budget=16:max_depth=6"], temperatures=[0, 0.6],
                       prompts="mt-bench", num_prompts=10)
     results = run_bench(cfg)        # runs/bench/results.jsonl + report.md + plots
 
@@ -142,7 +142,7 @@ class MethodConfig:
 
 
 def parse_method_spec(spec: str) -> list[MethodConfig]:
-    """`"sequoia:budget=8,16:depth=6"` -> one MethodConfig per point of the cartesian product.
+    """`"sequoia:budget=8,16:max_depth=6"` -> one MethodConfig per point of the cartesian product.
 
     >>> [m.label for m in parse_method_spec("dyspec:budget=8,16")]
     ['dyspec:budget=8', 'dyspec:budget=16']

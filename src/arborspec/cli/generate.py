@@ -16,6 +16,7 @@ from .options import ModelOptions, SamplingOptions, grouped
 
 DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
 DEMO_NEW_TOKENS = 64
+WARMUP_TOKENS = 16  # new tokens of the untimed warm-up generations before a --compare-ar timing
 
 
 @app.callback(invoke_without_command=True)
@@ -90,8 +91,9 @@ def generate(
                                          "copied from earlier in the context onto each tree "
                                          "(default 6; 0: off; T = 0 or sample-and-match "
                                          "verification; never changes the output)"),
-    compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding and "
-                                    "print the speedup"),
+    compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding of the "
+                                    "same target and print the speedup (both warmed up first, "
+                                    "untimed)"),
     models: ModelOptions = ModelOptions(),
     sampling: SamplingOptions = SamplingOptions(),
 ) -> None:
@@ -100,6 +102,8 @@ def generate(
 
     The first line (stderr) says what runs: method, tree size, lookup, target, precision, draft,
     baseline."""
+    from transformers.utils import logging as hf_logging
+
     from ..api import SpeculativeGenerator
     from ..builders import parse_budget, parse_params
     from ..engine.sampling import SamplingConfig
@@ -121,6 +125,8 @@ def generate(
         how = "" if name in ("pair", "announce") else f": use the --{name.replace('_', '-')} option"
         raise ArborError(f"--param {name}=... is not a builder parameter{how}")
 
+    hf_logging.disable_progress_bar()  # the first line and the text, not a weight-loading bar
+
     def announce(line: str) -> None:  # before the models load: what is about to run
         err.print(line, style="dim", markup=False, highlight=False)
 
@@ -135,6 +141,10 @@ def generate(
                     top_k=sampling.top_k, top_p=sampling.top_p,
                     draft_temperature=sampling.draft_temperature, seed=sampling.seed,
                     max_new_tokens=max_new_tokens, chat=not no_chat)
+    if compare_ar:  # first calls pay one-off costs (allocations, caches); time neither with them
+        warm = dict(settings, max_new_tokens=min(max_new_tokens, WARMUP_TOKENS))
+        gen.generate(prompt, **warm)
+        gen.generate_autoregressive(prompt, **warm)
     try:
         with _Streamer(gen.tokenizer).catch_ctrl_c() as streamer:
             result = gen.generate(prompt, on_tokens=streamer, **settings)
