@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arborspec-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Everything but the tests marked slow (pyproject.toml): a few minutes on 2 cores. CI runs `make test`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

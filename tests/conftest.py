@@ -1,15 +1,24 @@
-"""Shared fixtures: tiny randomly initialised Llama pairs (seconds on CPU), the embedded model, and
-`TableDrafter`, the one test double for a drafter whose distributions come from a table."""
+"""Shared fixtures and helpers: tiny randomly initialised Llama pairs (seconds on CPU), a draft head
+trained on a tiny target, `TableDrafter` (the one test double for a drafter whose
+distributions come from a table), the greedy-identity check (`assert_greedy_identical`) and the
+chi-square test every sampled-distribution test uses (`assert_follows`, `assert_departs`)."""
 
 from __future__ import annotations
 
+import math
+import random
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.contracts import DraftContext, Drafter
-from arborspec.engine.sampling import SamplingConfig
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.sampling import SamplingConfig, probs_from_logits
 from arborspec.engine.tree import TokenTree
 
 # Tiny test models gain nothing from threads, and parallel threads fight over 2 cores.
@@ -101,25 +110,6 @@ def perturbed_copy(model, seed: int, noise: float):
     return draft
 
 
-def assert_greedy_identical(target, draft, builder, prompt=(1, 17, 42, 8, 23), max_new_tokens=24):
-    """Greedy speculative output == plain decoding == HF generate (up to HF's EOS stop); the tree must help."""
-    from arborspec.engine.adapter import ModelAdapter
-    from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-    from arborspec.drafters import ModelDrafter
-
-    prompt = list(prompt)
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens)
-    spec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(prompt, cfg)
-    plain = autoregressive_generate(ModelAdapter(target), prompt, cfg)
-    hf = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
-                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
-    hf_new = hf[0, len(prompt):].tolist()  # HF stops at EOS (id 2); our config has no EOS
-    assert spec.output_ids == plain.output_ids
-    assert plain.output_ids[: len(hf_new)] == hf_new and len(hf_new) >= 8
-    assert max(s.accepted_length for s in spec.steps) > 1  # the tree actually helped
-    return spec
-
-
 @pytest.fixture(scope="session")
 def tiny_pair():
     target = tiny_llama(0)
@@ -135,8 +125,264 @@ def small_vocab_pair():
 
 
 @pytest.fixture(scope="session")
-def embedded():
-    """(model, tokenizer) of the embedded SmolLM2 target (converted once, cached)."""
-    from arborspec.models import load_model, load_tokenizer
+def head_target():
+    """The tiny target a draft head is trained on (`tiny_pair`'s target weights, an object of its own)."""
+    return tiny_llama(0, layers=2)
 
-    return load_model("embedded"), load_tokenizer("embedded")
+
+def make_head(target, vocab_ids=None, seed=0):
+    """An untrained draft head for `target`, started from the target's last layer."""
+    from arborspec.drafters.head import DraftHead
+
+    torch.manual_seed(seed)
+    head = DraftHead(target, vocab_ids=vocab_ids)
+    head.init_from_target(target)
+    return head.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def greedy_sequences(target, n_seqs, prompt_len=6, new=40, seed=0):
+    """Target-greedy continuations of random prompts, with the target's features (what head_data stores)."""
+    from arborspec.offline.head_data import HeadSequence
+
+    rng = random.Random(seed)
+    vocab = target.config.vocab_size
+    out = []
+    for _ in range(n_seqs):
+        ids = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        seq = target.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, attention_mask=torch.ones(1, prompt_len, dtype=torch.long))[0]
+        feats = target.model(input_ids=seq[None]).last_hidden_state[0]
+        out.append(HeadSequence(seq, feats[:-1].half(), prompt_len))
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_head(head_target, tmp_path_factory):
+    """A head trained briefly on the tiny target's own greedy text (restricted to 64 of 96 tokens):
+    (head, training record, the untrained head's scores, the sequences, the config, the work folder).
+
+    A random tiny Llama's text has no structure to generalise from, so the head
+    is evaluated on its training sequences: what is checked is that training
+    and inference are wired right (a head that memorised the target's text must
+    make the trees accept it), not how well it generalises.
+    """
+    from arborspec.offline.train_head import HeadTrainConfig, evaluate, train
+
+    target = head_target
+    seqs = greedy_sequences(target, 16)
+    work = tmp_path_factory.mktemp("head")
+    cfg = HeadTrainConfig(out=str(work / "out"), work_dir=str(work / "w"), draft_vocab=64, epochs=40, lr=3e-3,
+                          warmup_steps=5, batch_tokens=256, ttt_steps=2, ckpt_every=10_000)
+    target.requires_grad_(False)
+    before = evaluate(make_head(target, vocab_ids=torch.arange(64)), seqs, cfg)
+    head, info = train(cfg, target, seqs, seqs, progress=False)
+    return head.eval().requires_grad_(False), info, before, seqs, cfg, work
+
+
+# --------------------------------------------------------------------------- greedy identity
+# the second repeats itself (lookup has something to copy); the last has nothing to prefill
+GREEDY_PROMPTS = ([5, 17, 33, 8, 9, 40], [1, 60, 61, 62, 60, 61, 62, 60, 61], [88])
+EOS = (2,)
+_REFERENCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def greedy_reference(target, prompt, max_new_tokens: int = 24, eos=EOS, pad: int = 0) -> list[int]:
+    """Plain greedy decoding of `prompt` through the adapter, asserted equal to HF `generate` of the same
+    model (both stop at `eos`); computed once per model, prompt and length."""
+    cache = _REFERENCES.setdefault(target, {})
+    key = (tuple(prompt), max_new_tokens, tuple(eos))
+    if key not in cache:
+        cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos))
+        plain = autoregressive_generate(ModelAdapter(target), list(prompt), cfg).output_ids
+        ids = torch.tensor([list(prompt)])
+        with torch.no_grad():
+            hf = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=list(eos), pad_token_id=pad)
+        assert plain == hf[0, len(prompt):].tolist(), ("plain decoding differs from HF generate", prompt)
+        cache[key] = plain
+    return list(cache[key])
+
+
+def assert_greedy_identical(target, drafter, builder, prompts=GREEDY_PROMPTS, max_new_tokens: int = 24, *,
+                            eos=EOS, pad: int = 0, cost=None, lookup: int = 0, helped: bool = True):
+    """Greedy speculative output == plain decoding == HF `generate`, prompt by prompt, with every committed
+    token accounted to a step; `helped`: some step accepted a draft token (the trees were not empty).
+    `drafter`: a `Drafter`, or a model to draft with. Returns the speculative results."""
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ModelDrafter(drafter)
+    dec = SpeculativeDecoder(ModelAdapter(target), drafter, builder, cost=cost, lookup=lookup)
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos))
+    results = []
+    for prompt in prompts:
+        spec = dec.generate(list(prompt), cfg)
+        want = greedy_reference(target, prompt, max_new_tokens, eos, pad)
+        assert spec.output_ids == want, (builder, prompt)
+        assert sum(s.accepted_length for s in spec.steps) == len(spec.output_ids)
+        results.append(spec)
+    if helped:
+        assert max(s.accepted_length for r in results for s in r.steps) > 1, "no draft token accepted"
+    return results
+
+
+# --------------------------------------------------------------------------- sampled distributions
+# The distribution tests compare sampled frequencies with an exact law by Pearson's chi-square test at
+# this false-alarm rate: with a correct implementation, a check's fixed seeds fail it with probability at
+# most FALSE_ALARM (split evenly, Bonferroni, where a test makes several checks). The suite makes about 80
+# such checks: together they false-alarm with probability under 1 %.
+FALSE_ALARM = 1e-4
+MIN_EXPECTED = 5.0  # cells expected fewer times are pooled, so the chi-square approximation holds
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Pearson's chi-square of `n` samples against a law: statistic, degrees of freedom, p-value."""
+
+    n: int
+    statistic: float
+    df: int
+    p: float
+
+    def __str__(self) -> str:
+        return f"chi-square {self.statistic:.1f} on {self.df} df, p = {self.p:.2e}, n = {self.n}"
+
+
+def chi2_sf(statistic: float, df: int) -> float:
+    """P(X >= statistic) for X chi-square with `df` degrees of freedom (the regularised upper gamma)."""
+    if statistic == float("inf"):
+        return 0.0
+    a, x = torch.tensor(df / 2, dtype=torch.float64), torch.tensor(statistic / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(a, x))
+
+
+def _cells(probs: torch.Tensor, n: float) -> list[list[int]]:
+    """The outcomes of `probs` (flat, float64, summing to 1) grouped into the cells Pearson's test compares:
+    each outcome expected at least MIN_EXPECTED times in `n` samples alone, the rest pooled (into the smallest
+    such cell if even pooled they are expected fewer times)."""
+    expected = n * probs
+    big = [[i] for i in torch.nonzero(expected >= MIN_EXPECTED).flatten().tolist()]
+    rest = torch.nonzero((expected < MIN_EXPECTED) & (probs > 0)).flatten().tolist()
+    if rest:
+        if float(expected[rest].sum()) >= MIN_EXPECTED or not big:
+            big.append(rest)
+        else:
+            min(big, key=lambda cell: float(expected[cell].sum())).extend(rest)
+    return big
+
+
+def goodness_of_fit(counts, probs) -> Fit:
+    """Pearson's test of observed `counts` (any shape) against the law `probs` (same shape), on `_cells`; a
+    sample of an outcome of probability 0 gives p = 0."""
+    counts = torch.as_tensor(counts, dtype=torch.float64).flatten()
+    probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+    probs = probs / probs.sum()
+    n = int(counts.sum())
+    if bool((counts[probs <= 0] > 0).any()):
+        return Fit(n, float("inf"), 0, 0.0)
+    cells = _cells(probs, n)
+    df = len(cells) - 1
+    if df < 1:
+        return Fit(n, 0.0, 0, 1.0)
+    statistic = sum((float(counts[c].sum()) - n * float(probs[c].sum())) ** 2 / (n * float(probs[c].sum()))
+                    for c in cells)
+    return Fit(n, statistic, df, chi2_sf(statistic, df))
+
+
+def chi2_isf(alpha: float, df: int) -> float:
+    """The critical value c with P(X >= c) = alpha, X chi-square with `df` degrees of freedom (bisection)."""
+    lo, hi = 0.0, df + 100.0
+    while chi2_sf(hi, df) > alpha:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, df) > alpha else (lo, mid)
+    return hi
+
+
+def power(n: int, probs, alternative, alpha: float = FALSE_ALARM) -> float:
+    """The probability that Pearson's test at rate `alpha` rejects `probs` given `n` samples drawn from
+    `alternative`: the noncentral chi-square tail (a Poisson mixture of central ones) with noncentrality
+    n * sum over the cells of (alternative - probs)^2 / probs."""
+    probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+    probs = probs / probs.sum()
+    alternative = torch.as_tensor(alternative, dtype=torch.float64).flatten()
+    alternative = alternative / alternative.sum()
+    cells = _cells(probs, n)
+    df = len(cells) - 1
+    lam = n * sum((float(alternative[c].sum()) - float(probs[c].sum())) ** 2 / float(probs[c].sum())
+                  for c in cells)
+    critical = chi2_isf(alpha, df)
+    terms = int(lam / 2 + 12 * math.sqrt(lam / 2 + 1) + 50)
+    weights = torch.distributions.Poisson(torch.tensor(lam / 2, dtype=torch.float64)).log_prob(
+        torch.arange(terms, dtype=torch.float64)).exp()
+    tails = torch.special.gammaincc(torch.arange(terms, dtype=torch.float64) + df / 2,
+                                    torch.tensor(critical / 2, dtype=torch.float64))
+    return float((weights * tails).sum())
+
+
+def shifted(probs, tv: float) -> torch.Tensor:
+    """`probs` with `tv` of its mass moved from the likeliest outcome to the second likeliest: a law at total
+    variation `tv` from it, shifted between the largest cells, where a chi-square test sees a shift least."""
+    probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+    probs = probs / probs.sum()
+    first, second = torch.topk(probs, 2).indices.tolist()
+    assert probs[first] >= tv, "the likeliest outcome has less mass than the shift"
+    out = probs.clone()
+    out[first] -= tv
+    out[second] += tv
+    return out
+
+
+MIN_POWER = 0.9  # what a test that states the deviation it detects must reach against it
+
+
+def assert_follows(counts, probs, alpha: float = FALSE_ALARM, what: str = "",
+                   detects: float | None = None) -> Fit:
+    """The sampled `counts` are consistent with the law `probs` at false-alarm rate `alpha`.
+
+    `detects`: the power the test states: with as many samples, the same test rejects `shifted(probs,
+    detects)`, a law `detects` away in total variation, with probability at least MIN_POWER (`power`)."""
+    fit = goodness_of_fit(counts, probs)
+    assert fit.p >= alpha, f"{what} does not follow the law: {fit} < {alpha}".strip()
+    if detects is not None:
+        seen = power(fit.n, probs, shifted(probs, detects), alpha)
+        assert seen >= MIN_POWER, f"{what}: {fit.n} samples see a law {detects} away with probability {seen:.3f}"
+    return fit
+
+
+def assert_departs(counts, probs, alpha: float = FALSE_ALARM, what: str = "") -> Fit:
+    """Negative control: the same test rejects `counts` as samples of `probs` (it has the power to)."""
+    fit = goodness_of_fit(counts, probs)
+    assert fit.p < alpha, f"{what} was not told apart from the law: {fit} >= {alpha}".strip()
+    return fit
+
+
+def exact_first_two(target, prompt, cfg):
+    """Exact law of the first generated token and the marginal law of the second."""
+    with torch.no_grad():
+        p1 = probs_from_logits(target(torch.tensor([prompt])).logits[0, -1], cfg)
+        rows = torch.stack([target(torch.tensor([prompt + [t]])).logits[0, -1]
+                            for t in range(target.config.vocab_size)])
+    p2 = p1 @ probs_from_logits(rows, cfg)
+    return p1, p2
+
+
+def first_two_counts(dec, prompt, cfg, runs):
+    """Counts of the first and of the second sampled token over seeds 0 .. runs - 1."""
+    vocab = dec.target.model.config.vocab_size
+    c1, c2 = torch.zeros(vocab), torch.zeros(vocab)
+    for seed in range(runs):
+        out = dec.generate(prompt, DecodeConfig(max_new_tokens=2, sampling=cfg, seed=seed)).output_ids
+        c1[out[0]] += 1
+        c2[out[1]] += 1
+    return c1, c2
+
+
+def assert_first_two_follow(dec, target, prompt, cfg, runs, what: str = "", detects: float | None = 0.1):
+    """The first two sampled tokens over `runs` seeds follow the target's exact laws (FALSE_ALARM split over
+    the two), and the samples tell apart laws `detects` away (`assert_follows`); returns the counts and laws."""
+    p1, p2 = exact_first_two(target, prompt, cfg)
+    c1, c2 = first_two_counts(dec, prompt, cfg, runs)
+    assert_follows(c1, p1, FALSE_ALARM / 2, f"{what} first token", detects)
+    assert_follows(c2, p2, FALSE_ALARM / 2, f"{what} second token", detects)
+    return (c1, c2), (p1, p2)

@@ -1,5 +1,6 @@
 """Tree attention on an unmodified HF model, and KV compaction."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -109,7 +110,8 @@ def test_caches_equal_fresh_run_after_many_steps(tiny_pair):
     """After a whole speculative generation, target and draft caches equal a fresh prefill of the committed tokens."""
     target, draft = tiny_pair
     prompt = [5, 17, 33, 8, 9, 40]
-    for name, params in [("sequoia", dict(shape=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])), ("specinfer", dict(k=2, length=3))]:
+    for name, params in [("sequoia", dict(shape=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])),
+                         ("specinfer", dict(topk=2, max_depth=3))]:
         dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, **params))
         res = dec.generate(prompt, DecodeConfig(max_new_tokens=30, seed=3))
         assert len(res.steps) > 3
@@ -126,6 +128,7 @@ def test_caches_equal_fresh_run_after_many_steps(tiny_pair):
         assert n >= len(prompt)
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_decoder_keeps_plain_and_tree_decoding_exact(tiny_pair):
     """`--compile` (ModelAdapter.compile): the same tokens as the eager model, for plain decoding and a tree
     method (compiled once with dynamic shapes; one-row and many-row forwards both go through it)."""

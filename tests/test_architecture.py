@@ -1,9 +1,10 @@
 """The layers of the package: imports only point downwards, and no import cycle.
 
 Layers, lowest first (ARCHITECTURE.md): `errors`; `common/`; `engine/`; `drafters/` and
-`builders/` (side by side: neither imports the other); `models`; `offline/` and `bench/` (side
-by side: neither imports the other); `api`; `cli` and the package's `__init__`. Every import
-counts, including those inside functions and under `TYPE_CHECKING`.
+`builders/` (side by side: neither imports the other); `models` and `defaults` (side by side);
+`offline/` and `bench/` (side by side: neither imports the other); `api`; `cli` and the
+package's `__init__`. Every import counts, including those inside functions and under
+`TYPE_CHECKING`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LAYERS = {
     "common": 1,
     "engine": 2,
     "drafters": 3, "builders": 3,
-    "models": 4,
+    "models": 4, "defaults": 4,
     "offline": 5, "bench": 5,
     "api": 6,
     "cli": 7, "": 7,  # "": the package's own __init__

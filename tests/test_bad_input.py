@@ -21,7 +21,7 @@ def test_different_vocabularies_are_refused(tiny_pair):
     target, _ = tiny_pair
     other = tiny_llama(3, vocab=64)
     with pytest.raises(ArborError, match="vocabulary"):
-        SpeculativeDecoder(ModelAdapter(target), ModelDrafter(other), make_builder("chain", gamma=2))
+        SpeculativeDecoder(ModelAdapter(target), ModelDrafter(other), make_builder("chain", budget=2))
     with pytest.raises(ArborError, match="vocabulary"):
         check_same_vocabulary(target, None, other, "other")
 
@@ -42,9 +42,9 @@ def test_budget_below_one(name):
         make_builder(name, budget=0)
 
 
-@pytest.mark.parametrize("name,params", [("chain", dict(gamma=0)), ("specinfer", dict(k=0)), ("specinfer", dict(length=0)),
-                                         ("sequoia", dict(depth=0))])
-def test_gamma_depth_below_one(name, params):
+@pytest.mark.parametrize("name,params", [("specinfer", dict(topk=0)), ("specinfer", dict(max_depth=0)),
+                                         ("sequoia", dict(max_depth=0))])
+def test_topk_depth_below_one(name, params):
     with pytest.raises(ArborError, match=">= 1"):
         make_builder(name, **params)
 
@@ -53,7 +53,10 @@ def test_unknown_method_and_parameter():
     with pytest.raises(ArborError, match="unknown method"):
         make_builder("medusa-9000")
     with pytest.raises(ArborError, match="no parameter"):
-        make_builder("chain", gamma=2, width=3)
+        make_builder("chain", budget=2, width=3)
+    for name, old in (("chain", "gamma"), ("specinfer", "k"), ("eagle2", "depth")):  # one name each
+        with pytest.raises(ArborError, match=f"no parameter '{old}'"):
+            make_builder(name, **{old: 2})
 
 
 def test_bad_sampling():
@@ -68,14 +71,14 @@ def test_empty_prompt(tiny_pair):
     target, draft = tiny_pair
     with pytest.raises(ArborError, match="empty"):
         encode_prompt(None, "   ")
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", gamma=2))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", budget=2))
     with pytest.raises(ArborError, match="empty"):
         dec.generate([], DecodeConfig(max_new_tokens=4))
 
 
 def test_prompt_longer_than_context(tiny_pair):
     target, draft = tiny_pair  # 512 positions
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", gamma=2))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("chain", budget=2))
     with pytest.raises(ArborError, match="context"):
         dec.generate([5] * 600, DecodeConfig(max_new_tokens=4))
 
@@ -99,8 +102,8 @@ def test_embedded_package_missing(monkeypatch):
     (["generate", "hi", "--top-p", "2"], "top_p"),
     (["generate", "hi", "--budget", "0"], ">= 1"),
     (["generate", "hi", "--max-new-tokens", "0", "--target", "/no/such/dir"], "does not exist"),
-    (["generate", "hi", "--param", "gamma"], "name=value"),
-    (["generate", "hi", "--budget", "8", "--param", "budget=4"], "given twice"),
+    (["generate", "hi", "--param", "budget"], "name=value"),
+    (["generate", "hi", "--param", "budget=4"], "use the --budget option"),
     (["generate", "hi", "--param", "verifier=greedy"], "--verifier option"),
     (["generate", "hi", "--draft", "/no/such/head"], "does not exist"),
     (["generate", "hi", "--dtype", "int9"], "int8 (CPU)"),

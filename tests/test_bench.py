@@ -87,13 +87,14 @@ def test_acceptance_vs_draft_prob_bins():
 
 # ---------------------------------------------------------------------------------------------- method specs
 def test_method_spec_sweeps_cartesian_product():
-    labels = [m.label for m in parse_method_spec("sequoia:budget=8,16:depth=4,6")]
-    assert labels == ["sequoia:budget=8:depth=4", "sequoia:budget=8:depth=6", "sequoia:budget=16:depth=4",
-                      "sequoia:budget=16:depth=6"]
+    labels = [m.label for m in parse_method_spec("sequoia:budget=8,16:max_depth=4,6")]
+    assert labels == ["sequoia:budget=8:max_depth=4", "sequoia:budget=8:max_depth=6",
+                      "sequoia:budget=16:max_depth=4", "sequoia:budget=16:max_depth=6"]
     assert [m.label for m in expand_methods(["chain:budget=2,2", "dyspec:budget=4"])] == ["chain:budget=2", "dyspec:budget=4"]
 
 
-@pytest.mark.parametrize("spec", ["nosuch:budget=4", "dyspec:budget=0", "dyspec:bogus=1", "dyspec:budget", ":budget=4"])
+@pytest.mark.parametrize("spec", ["nosuch:budget=4", "dyspec:budget=0", "dyspec:bogus=1", "dyspec:budget",
+                                  ":budget=4", "sequoia:depth=4"])
 def test_bad_sweep_value_fails_up_front(spec):
     with pytest.raises(ArborError):
         expand_methods(["chain:budget=2", spec])
@@ -267,24 +268,6 @@ def test_run_bench_end_to_end(tiny_dirs, tmp_path):
     _check_report(tmp_path / "run", tmp_path / "run" / "report.md")
     with pytest.raises(ArborError, match="--resume"):
         run_bench(_cfg(tiny_dirs, tmp_path / "run"), quiet=True)
-
-
-def test_value_temperature_is_a_per_method_draft_side_key(tiny_dirs, tmp_path):
-    """`value_temperature=V` values T = 0's ordered draws at V for that method only (not a builder parameter): the
-    tokens stay the baseline's, and the examined draft probabilities differ from the default's (0.8)."""
-    methods = ["dyspec:budget=4", "dyspec:budget=4:value_temperature=1.0"]
-    ms = expand_methods(methods)
-    assert [m.value_temperature for m in ms] == [None, 1.0] and ms[0].make() == ms[1].make()
-    for bad in ("0", "-1", "x"):
-        with pytest.raises(ArborError, match="value_temperature"):
-            expand_methods([f"dyspec:budget=4:value_temperature={bad}"])
-    path = run_bench(_cfg(tiny_dirs, tmp_path / "vt", methods=methods, temperatures=[0.0], seeds=[0],
-                          compare_hf_assisted=False), quiet=True)
-    runs = read_results(path)[1]
-    spec = {m: [r for r in runs if r["method"] == m] for m in methods}
-    assert all(r["same_as_baseline"] for rs in spec.values() for r in rs)
-    probs = {m: [p for r in rs for step in r["steps"]["examined_draft_probs"] for p in step] for m, rs in spec.items()}
-    assert probs[methods[0]] and probs[methods[0]] != probs[methods[1]]
 
 
 def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path, monkeypatch):

@@ -158,11 +158,13 @@ def greedy_identity(target, draft, builder, n_prompts: int = 2) -> float:
 def test_c2t_greedy_equals_plain_decoding(close_pair, tiny_classifier):
     target, draft = close_pair
     _, _, path = tiny_classifier
-    mal = greedy_identity(target, draft, make_builder("c2t", budget=12, classifier=str(path), beta=0.2, k=3, depth=4))
+    mal = greedy_identity(target, draft, make_builder("c2t", budget=12, classifier=str(path), beta=0.2, topk=3,
+                                                      max_depth=4))
     assert mal > 1.0  # the trees were not empty: some draft tokens were accepted
 
 
 def test_joint_probability_rule_equals_plain_decoding(close_pair):
     target, draft = close_pair
-    mal = greedy_identity(target, draft, make_builder("c2t", budget=10, classifier="none", beta=0.05, k=3, depth=4))
+    mal = greedy_identity(target, draft, make_builder("c2t", budget=10, classifier="none", beta=0.05, topk=3,
+                                                      max_depth=4))
     assert mal > 1.0

@@ -1,15 +1,19 @@
-"""The embedded SmolLM2-135M-Instruct target: greedy speculative decoding equals plain decoding and HF generate.
-
-Real prompts, fp32, every registered builder, the default draft of the embedded pair.
+"""The embedded SmolLM2-135M-Instruct target: greedy speculative decoding equals plain decoding and HF generate
+(real prompts, fp32, every registered builder, the default draft of the embedded pair), and the CLI's
+`generate` and bare command on it.
 """
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from arborspec.api import SpeculativeGenerator, encode_prompt, load_pair
+from arborspec.api import encode_prompt, eos_ids, load_pair
+from arborspec.builders.registry import builder_names, make_builder
 from arborspec.cli import app
-from arborspec.builders.registry import builder_names
+
+from conftest import assert_greedy_identical
+
+pytestmark = pytest.mark.slow  # the embedded model
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -27,29 +31,12 @@ def pair():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def references(pair):
-    model, tok = pair.target.model, pair.tokenizer
-    refs = []
-    plain = SpeculativeGenerator(method="chain", budget=1, pair=pair)
-    for p in PROMPTS:
-        ids = encode_prompt(tok, p)
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=N, do_sample=False, pad_token_id=tok.eos_token_id)
-        hf = out[0, len(ids):].tolist()
-        base = plain.generate_autoregressive(p, max_new_tokens=N).output_ids
-        assert base == hf[: len(base)], "plain decoding through the adapter differs from HF generate"
-        refs.append(base)
-    return refs
-
-
 @pytest.mark.parametrize("name", builder_names())
-def test_embedded_greedy_identity(pair, references, name):
-    gen = SpeculativeGenerator(method=name, budget=16, pair=pair)
-    for prompt, ref in zip(PROMPTS, references):
-        spec = gen.generate(prompt, max_new_tokens=N)
-        assert spec.output_ids == ref, (name, prompt)
-        assert len(spec.output_ids) == N or spec.stop_reason == "eos"
+def test_embedded_greedy_identity(pair, name):
+    model, tok = pair.target.model, pair.tokenizer
+    prompts = [encode_prompt(tok, p) for p in PROMPTS]
+    assert_greedy_identical(model, pair.drafter, make_builder(name, budget=16), prompts, N,
+                            eos=eos_ids(tok, model), pad=tok.eos_token_id)
 
 
 def test_cli_generate_on_embedded_pair():

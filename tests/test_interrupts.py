@@ -54,6 +54,7 @@ def test_interrupted_generation_keeps_its_tokens_and_steps(tiny_pair, method):
     assert result.wall_time > 0
 
 
+@pytest.mark.slow  # a CLI subprocess
 def test_ctrl_c_in_the_cli_prints_what_was_generated():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from arborspec.cli import app; app()", "generate",

@@ -26,6 +26,7 @@ def long_pair():
     return target, perturbed_copy(target, 1, 0.3)
 
 
+@pytest.mark.slow  # 1,500-token generations
 @pytest.mark.parametrize("name", ["dyspec", "specinfer", "opt-tree"])  # without / with replacement / selected
 def test_long_greedy_generation_stays_identical_with_exact_caches(long_pair, name):
     target, draft = long_pair
@@ -38,6 +39,7 @@ def test_long_greedy_generation_stays_identical_with_exact_caches(long_pair, nam
     assert check.steps == len(out.steps) > LENGTH // 8  # hundreds of compactions happened
 
 
+@pytest.mark.slow  # a generation to the end of a 2048-position context
 def test_max_new_tokens_past_the_context_is_a_clean_error(long_pair):
     target, draft = long_pair
     dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget=8))

@@ -17,7 +17,7 @@ from arborspec.cli import app
 from arborspec.drafters import ModelDrafter, NgramDrafter
 from arborspec.drafters.head import DraftHead, HeadDrafter, load_head, target_fingerprint
 from arborspec.engine.adapter import ModelAdapter
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.lm_head import HeadRows
 from arborspec.engine.placement import execution_device, is_offloaded, materialised
 from arborspec.engine.tree import TokenTree
@@ -25,7 +25,7 @@ from arborspec.errors import ArborError
 from arborspec.models import load_model, parse_device_map, parse_max_memory, placement_kwargs
 import arborspec.models as models
 
-from conftest import perturbed_copy, tiny_llama
+from conftest import assert_greedy_identical, greedy_reference, perturbed_copy, tiny_llama
 from test_adapter import COMPACTED_PATH, assert_caches_equal, forward_and_compact
 
 GiB = 2**30
@@ -36,6 +36,13 @@ LAYERS_AND_HEAD = ("model.embed_tokens=cpu,model.layers.0=cpu,model.layers.1=dis
 HEAD_READS_ON_DISK = ("model.embed_tokens=disk,model.layers.0=disk,model.layers.1=cpu,model.layers.2=cpu,"
                       "model.norm=disk,lm_head=disk")
 PROMPTS = [[1, 17, 42, 8, 23], [5, 60, 61, 62, 60, 61, 62, 60]]
+
+
+def assert_as_plain_model(placed, plain, drafter, builder, helped=True):
+    """Greedy output on the placed target == its plain decoding == HF generate (the shared check), and == plain
+    decoding of the same model loaded without a device map."""
+    for spec, prompt in zip(assert_greedy_identical(placed, drafter, builder, PROMPTS, helped=helped), PROMPTS):
+        assert spec.output_ids == greedy_reference(plain, prompt)
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +124,12 @@ def test_compaction_keeps_the_path_in_every_layer(saved, placed):
 @pytest.mark.parametrize("name", ["dyspec", "opt-tree"])
 def test_greedy_tokens_equal_plain_decoding(saved, placed, name):
     plain, _, draft, _ = saved
-    cfg = DecodeConfig(max_new_tokens=24)
-    for prompt in PROMPTS:
-        spec = SpeculativeDecoder(ModelAdapter(placed), ModelDrafter(draft), make_builder(name, budget=8)).generate(prompt, cfg)
-        assert spec.output_ids == autoregressive_generate(ModelAdapter(placed), prompt, cfg).output_ids
-        assert spec.output_ids == autoregressive_generate(ModelAdapter(plain), prompt, cfg).output_ids
-        assert max(s.accepted_length for s in spec.steps) > 1  # the tree actually helped
+    assert_as_plain_model(placed, plain, ModelDrafter(draft), make_builder(name, budget=8))
 
 
 def test_ngram_drafter_on_an_offloaded_target(saved, placed):
-    cfg = DecodeConfig(max_new_tokens=24)
-    prompt = PROMPTS[1]
-    dec = SpeculativeDecoder(ModelAdapter(placed), NgramDrafter(placed.config.vocab_size), make_builder("dyspec", budget=8))
-    assert dec.generate(prompt, cfg).output_ids == autoregressive_generate(ModelAdapter(saved[0]), prompt, cfg).output_ids
+    drafter = NgramDrafter(placed.config.vocab_size)
+    assert_as_plain_model(placed, saved[0], drafter, make_builder("dyspec", budget=8), helped=False)
 
 
 def test_draft_head_on_a_target_with_its_embedding_and_head_on_disk(saved, tmp_path):
@@ -144,10 +144,7 @@ def test_draft_head_on_a_target_with_its_embedding_and_head_on_disk(saved, tmp_p
     head.save(tmp_path / "head", "tiny", plain)
     loaded = load_head(tmp_path / "head", target)  # refuses another target: the fingerprint must match
     assert torch.equal(loaded.lm_rows, plain.lm_head.weight)
-    cfg = DecodeConfig(max_new_tokens=24)
-    for prompt in PROMPTS:
-        spec = SpeculativeDecoder(ModelAdapter(target), HeadDrafter(loaded), make_builder("dyspec", budget=8)).generate(prompt, cfg)
-        assert spec.output_ids == autoregressive_generate(ModelAdapter(plain), prompt, cfg).output_ids
+    assert_as_plain_model(target, plain, HeadDrafter(loaded), make_builder("dyspec", budget=8), helped=False)
 
 
 # --------------------------------------------------------------------------- the options

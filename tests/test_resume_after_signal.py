@@ -104,6 +104,7 @@ def no_temporary_files_but_whole_ones(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- bench
+@pytest.mark.slow  # CLI subprocesses
 def test_bench_resumes_after_sigint_with_every_record_once(tiny, tmp_path):
     from arborspec.bench.report import read_results
     from arborspec.bench.run import RunKey
@@ -134,6 +135,7 @@ def test_bench_resumes_after_sigint_with_every_record_once(tiny, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- calibrate
+@pytest.mark.slow  # CLI subprocesses
 def test_calibrate_resumes_after_sigint_to_the_uninterrupted_result(tiny, tmp_path):
     from arborspec.offline.calibrate import CalibrationConfig, CalibrationProgress, calibrate, load_calibration
 
@@ -168,6 +170,7 @@ def test_calibrate_resumes_after_sigint_to_the_uninterrupted_result(tiny, tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- distill
+@pytest.mark.slow  # CLI subprocesses
 def test_distill_resumes_after_sigint_and_exports_a_loadable_draft(tiny, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -197,6 +200,7 @@ def test_distill_resumes_after_sigint_and_exports_a_loadable_draft(tiny, tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------- train-head
+@pytest.mark.slow  # CLI subprocesses
 def test_train_head_resumes_after_sigint_and_exports_a_loadable_head(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -1,0 +1,139 @@
+"""Greedy identity, the engine's promise at temperature 0: speculative output == plain decoding == HF
+`generate` of the same model, for every registered builder (from the registry: a new builder is covered
+as soon as it is registered) crossed with every drafter, target precision, context lookup and budget mode.
+
+Axes (BASE: the first value of each):
+* drafter: a perturbed copy of the target (`model`), the n-gram drafter, the draft head trained on the
+  target (`head`), the head with int8 draft logits (`head-int8-logits`), the head with its layer and
+  logits in int8 (`head-int8`, what CPU pairs run);
+* precision of the target: float32, float16, bfloat16 (a real check that a tree's verdict does not
+  depend on the other nodes in the forward: the tree forward and the one-token forward are different
+  kernel shapes), int8 (the batch-invariant int8 target; drafts stay float32);
+* lookup: 0 or LOOKUP tokens copied from earlier in the context grafted onto every tree;
+* budget: fixed (budgets 1 and 8) or auto (builders that offer it; a flat and a steep cost curve).
+
+Every builder runs every pair of axis values (the cases at most two axes away from BASE) and the CPU
+default (CPU_DEFAULT, both budget modes). `make test-fast` keeps the cases at most one axis away from
+BASE, which still put every builder through every value of every axis, and the CPU default's fixed
+budget.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from arborspec.builders.registry import builder_class, builder_names, make_builder, parameter_names
+from arborspec.drafters import ModelDrafter, NgramDrafter
+from arborspec.drafters.head import HeadDrafter, load_head
+from arborspec.engine.cost import CostCurve
+from arborspec.engine.int8 import quantize_int8
+
+from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
+
+BUILDERS = builder_names()
+AUTO_BUILDERS = [name for name in BUILDERS if "auto" in parameter_names(builder_class(name))]
+DRAFTERS = ("model", "ngram", "head", "head-int8-logits", "head-int8")
+PRECISIONS = ("float32", "float16", "bfloat16", "int8")
+LOOKUP = 5
+LOOKUPS = (0, LOOKUP)
+BUDGETS = ("fixed", "auto")
+BASE = (DRAFTERS[0], PRECISIONS[0], LOOKUPS[0], BUDGETS[0])
+# Random pairs are rarely confident enough for C2T's default threshold: its joint-probability rule, a low one.
+EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}}
+# a CPU-like curve (the first extra row is the expensive one) and a steep one (big trees never pay)
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.6, 1.7, 1.8, 1.9, 2.5, 3.5), 0.05, 0.05)
+STEEP = CostCurve((1, 2, 4, 8), (1.0, 1.5, 2.5, 4.5), 0.05, 0.0)
+# What a CPU generation runs by default (defaults.py): the int8 target, its int8 draft head, lookup.
+CPU_DEFAULT = ("head-int8", "int8", LOOKUP)
+
+
+def cases() -> list:
+    """The cases of the module doc, marked slow unless at most one axis away from BASE or the CPU default
+    with a fixed budget."""
+    out = []
+    for name in BUILDERS:
+        for drafter in DRAFTERS:
+            for precision in PRECISIONS:
+                for lookup in LOOKUPS:
+                    for budget in BUDGETS:
+                        if budget == "auto" and name not in AUTO_BUILDERS:
+                            continue
+                        axes = (drafter, precision, lookup, budget)
+                        away = sum(a != b for a, b in zip(axes, BASE))
+                        default = axes[:3] == CPU_DEFAULT
+                        if away > 2 and not default:
+                            continue
+                        fast = away <= 1 or (default and budget == "fixed")
+                        out.append(pytest.param(name, *axes, marks=[] if fast else [pytest.mark.slow],
+                                                id=f"{name}-{drafter}-{precision}-lookup{lookup}-{budget}"))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def target_in(precision: str):
+    """The tiny target (`tiny_pair`'s weights) in `precision`."""
+    target = tiny_llama(0)
+    if precision == "int8":
+        gen = torch.Generator().manual_seed(0)
+        return quantize_int8(target, [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
+    return target.to(getattr(torch, precision))
+
+
+@functools.lru_cache(maxsize=None)
+def draft_model_for(precision: str):
+    """A perturbed copy of the target that often agrees with it: in the target's floating precision,
+    float32 beside the int8 target."""
+    draft = perturbed_copy(tiny_llama(0), 1, 0.3)
+    return draft if precision in ("float32", "int8") else draft.to(getattr(torch, precision))
+
+
+@pytest.fixture(scope="module")
+def drafter_for(trained_head, tmp_path_factory):
+    """`make(kind, precision, target)`: a fresh drafter of `kind` for the target in `precision`."""
+    heads = {}
+
+    def make(kind: str, precision: str, target):
+        if kind == "model":
+            return ModelDrafter(draft_model_for(precision))
+        if kind == "ngram":
+            return NgramDrafter(target.config.vocab_size)
+        if (kind, precision) not in heads:
+            # exported for this copy of the target: a head refuses a target whose embedding differs
+            path = tmp_path_factory.mktemp(f"head-{precision}")
+            trained_head[0].save(path, "tiny", target)
+            dtype = None if precision in ("float32", "int8") else target.dtype
+            head = load_head(path, target, dtype=dtype, int8_logits=kind.startswith("head-int8"),
+                             int8_layers=kind == "head-int8")
+            assert (head.int8_logits, head.int8_layers) == (kind != "head", kind == "head-int8")
+            heads[kind, precision] = head
+        return HeadDrafter(heads[kind, precision])
+
+    return make
+
+
+@pytest.mark.parametrize("name,drafter,precision,lookup,budget", cases())
+def test_greedy_output_is_plain_decoding_and_hf_generate(drafter_for, name, drafter, precision, lookup, budget):
+    target = target_in(precision)
+    extra = EXTRA.get(name, {})
+    if budget == "fixed":
+        runs = [(make_builder(name, budget=b, **extra), None) for b in (1, 8)]
+    else:
+        runs = [(make_builder(name, budget="auto", **extra), curve) for curve in (FLAT, STEEP)]
+    results = []
+    for builder, curve in runs:
+        drafts = drafter_for(drafter, precision, target)
+        results += assert_greedy_identical(target, drafts, builder, cost=curve, lookup=lookup, helped=False)
+        if budget == "auto":
+            assert all(s.tree_size <= builder.budget + lookup for r in results for s in r.steps)
+    steps = [s for r in results for s in r.steps]
+    assert any(s.tree_size > 0 for s in steps)  # trees were verified, not only plain steps
+    if drafter == "model" and budget == "fixed":  # a draft that often agrees: its tokens were accepted
+        assert max(s.accepted_length for s in steps) > 1
+    if lookup:
+        assert sum(s.lookup_nodes for s in steps) > 0  # a prompt repeats itself: lookup proposed something
+        assert all(p > 0 for s in steps for p in s.examined_draft_probs)  # grafted nodes are not calibrated
+    else:
+        assert all(s.lookup_nodes == 0 for s in steps)
