@@ -15,7 +15,18 @@ from .engine.tree import TokenTree
 from .errors import ArborError
 
 __all__ = [
-    "ArborError", "DecodeConfig", "GenerationResult", "ModelPair", "SamplingConfig", "SpeculativeDecoder",
-    "SpeculativeGenerator", "StepStats", "TokenTree", "__version__", "autoregressive_generate", "builder_names",
-    "load_pair", "make_builder",
+    "ArborError",
+    "DecodeConfig",
+    "GenerationResult",
+    "ModelPair",
+    "SamplingConfig",
+    "SpeculativeDecoder",
+    "SpeculativeGenerator",
+    "StepStats",
+    "TokenTree",
+    "__version__",
+    "autoregressive_generate",
+    "builder_names",
+    "load_pair",
+    "make_builder",
 ]

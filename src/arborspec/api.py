@@ -25,12 +25,28 @@ from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
 from .engine.stats import GenerationInterrupted, GenerationResult
-from .models import (EMBEDDED_TARGET, EMBEDDED_TARGET_NAME, ModelPair, check_pair,
-                     check_same_vocabulary, default_draft, load_pair)
+from .models import (
+    EMBEDDED_TARGET,
+    EMBEDDED_TARGET_NAME,
+    ModelPair,
+    check_pair,
+    check_same_vocabulary,
+    default_draft,
+    load_pair,
+)
 
 # Re-exported: the names API users have imported from here.
-__all__ = ["DEFAULT_METHOD", "ModelPair", "SpeculativeGenerator", "check_same_vocabulary",
-           "default_draft", "encode_prompt", "eos_ids", "load_pair", "sampling_config"]
+__all__ = [
+    "DEFAULT_METHOD",
+    "ModelPair",
+    "SpeculativeGenerator",
+    "check_same_vocabulary",
+    "default_draft",
+    "encode_prompt",
+    "eos_ids",
+    "load_pair",
+    "sampling_config",
+]
 
 
 class SpeculativeGenerator:
@@ -38,14 +54,26 @@ class SpeculativeGenerator:
     statistics. `settings` holds what it runs with (`arborspec.defaults.Defaults`); `describe()`
     says it in one line."""
 
-    def __init__(self, target: str = EMBEDDED_TARGET, draft: str | None = None,
-                 method: str | None = None, device: str = "cpu", dtype: str = AUTO,
-                 verifier: str | None = None, budget: int | str | None = None,
-                 reorder_dfs: bool = False, pair: ModelPair | None = None,
-                 device_map: str | dict | None = None, max_memory: str | dict | None = None,
-                 offload_folder: str | None = None, draft_logits: str = "auto",
-                 compile: bool = False, lookup: int | None = None,
-                 announce: Callable[[str], None] | None = None, **method_params: Any) -> None:
+    def __init__(
+        self,
+        target: str = EMBEDDED_TARGET,
+        draft: str | None = None,
+        method: str | None = None,
+        device: str = "cpu",
+        dtype: str = AUTO,
+        verifier: str | None = None,
+        budget: int | str | None = None,
+        reorder_dfs: bool = False,
+        pair: ModelPair | None = None,
+        device_map: str | dict | None = None,
+        max_memory: str | dict | None = None,
+        offload_folder: str | None = None,
+        draft_logits: str = "auto",
+        compile: bool = False,
+        lookup: int | None = None,
+        announce: Callable[[str], None] | None = None,
+        **method_params: Any,
+    ) -> None:
         """`method`, `budget`, `lookup` (None) and `dtype` ("auto") default to the device's choice
         (`arborspec.defaults.choose`: on CPU dyspec with 3 draft nodes and a lookup of 6, int8 for
         the embedded target; on a GPU 32 draft nodes, float32); a method given without a budget or
@@ -67,28 +95,48 @@ class SpeculativeGenerator:
         where = str(pair.target.device) if pair is not None else device
         embedded = (pair.target_name if pair is not None else target) == EMBEDDED_TARGET
         placement = (None, None) if pair is not None else (device_map, max_memory)
-        self.settings: Defaults = choose(where, embedded, *placement, method=method, budget=budget,
-                                         lookup=lookup,
-                                         dtype=pair.precision if pair is not None else dtype,
-                                         builder_params=bool(method_params))
-        self.builder = make_builder(self.settings.method, budget=self.settings.budget,
-                                    **method_params)
+        self.settings: Defaults = choose(
+            where,
+            embedded,
+            *placement,
+            method=method,
+            budget=budget,
+            lookup=lookup,
+            dtype=pair.precision if pair is not None else dtype,
+            builder_params=bool(method_params),
+        )
+        self.builder = make_builder(
+            self.settings.method, budget=self.settings.budget, **method_params
+        )
         dtype = self.settings.dtype
         if announce is not None and pair is not None:
             announce(self._describe_pair(pair))
         elif announce is not None:
-            check_pair(target, draft, device, dtype, device_map, max_memory, offload_folder,
-                       draft_logits)
+            check_pair(
+                target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits
+            )
             placed = device_map is not None or max_memory is not None
-            announce(self._line(target, draft or default_draft(target), dtype,
-                                "device map" if placed else device))
-        self.pair = pair or load_pair(target, draft, device, dtype, device_map, max_memory,
-                                      offload_folder, draft_logits)
+            announce(
+                self._line(
+                    target,
+                    draft or default_draft(target),
+                    dtype,
+                    "device map" if placed else device,
+                )
+            )
+        self.pair = pair or load_pair(
+            target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits
+        )
         if compile:  # also for a pair loaded elsewhere; compiling twice is a no-op
             self.pair.target.compile()
-        self.decoder = SpeculativeDecoder(self.pair.target, self.pair.drafter, self.builder,
-                                          verifier=verifier, reorder_dfs=reorder_dfs,
-                                          lookup=self.settings.lookup)
+        self.decoder = SpeculativeDecoder(
+            self.pair.target,
+            self.pair.drafter,
+            self.builder,
+            verifier=verifier,
+            reorder_dfs=reorder_dfs,
+            lookup=self.settings.lookup,
+        )
 
     def describe(self) -> str:
         """One line: method, tree size, lookup, the target with its precision and device, the
@@ -99,8 +147,9 @@ class SpeculativeGenerator:
 
     def _describe_pair(self, pair: ModelPair) -> str:
         placed = ", device map" if getattr(pair.target.model, "hf_device_map", None) else ""
-        return self._line(pair.target_name, pair.draft_name, pair.precision,
-                          f"{pair.target.device}{placed}")
+        return self._line(
+            pair.target_name, pair.draft_name, pair.precision, f"{pair.target.device}{placed}"
+        )
 
     def _line(self, target: str, draft: str, precision: str, where: str) -> str:
         s, b = self.settings, self.builder
@@ -110,40 +159,74 @@ class SpeculativeGenerator:
         if s.note:
             method += f" ({s.note})"
         shown = f"{target} {EMBEDDED_TARGET_NAME}" if target == EMBEDDED_TARGET else target
-        return (f"{method} | target {shown} ({precision}, {where}) | draft {draft} | "
-                f"baseline: plain decoding of the same {precision} target")
+        return (
+            f"{method} | target {shown} ({precision}, {where}) | draft {draft} | "
+            f"baseline: plain decoding of the same {precision} target"
+        )
 
     @property
     def tokenizer(self):
         return self.pair.tokenizer
 
-    def _config(self, max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature=None) -> DecodeConfig:
-        return DecodeConfig(max_new_tokens=max_new_tokens,
-                            sampling=sampling_config(do_sample, temperature, top_k, top_p, draft_temperature),
-                            seed=seed, eos_token_ids=eos_ids(self.tokenizer, self.pair.target.model))
+    def _config(
+        self, max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature=None
+    ) -> DecodeConfig:
+        return DecodeConfig(
+            max_new_tokens=max_new_tokens,
+            sampling=sampling_config(do_sample, temperature, top_k, top_p, draft_temperature),
+            seed=seed,
+            eos_token_ids=eos_ids(self.tokenizer, self.pair.target.model),
+        )
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 128, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = True,
-                 on_tokens: TokenCallback | None = None, draft_temperature: float | None = None) -> GenerationResult:
-        """`draft_temperature`: the draft side's temperature when greedy (None: the measured default);
-        it changes speed only, never the output."""
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        chat: bool = True,
+        on_tokens: TokenCallback | None = None,
+        draft_temperature: float | None = None,
+    ) -> GenerationResult:
+        """`draft_temperature`: the draft side's temperature when greedy (None: the measured
+        default); it changes speed only, never the output."""
         ids = encode_prompt(self.tokenizer, prompt, chat)
-        cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature)
+        cfg = self._config(
+            max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature
+        )
         try:
             result = self.decoder.generate(ids, cfg, on_tokens)
         except GenerationInterrupted as stopped:  # Ctrl-C: the partial result carries its text too
-            stopped.result.text = self.tokenizer.decode(stopped.result.output_ids, skip_special_tokens=True)
+            stopped.result.text = self.tokenizer.decode(
+                stopped.result.output_ids, skip_special_tokens=True
+            )
             raise
         result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         return result
 
-    def generate_autoregressive(self, prompt: str | list[int], max_new_tokens: int = 128, do_sample: bool = False,
-                                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                                chat: bool = True, on_tokens: TokenCallback | None = None,
-                                draft_temperature: float | None = None) -> GenerationResult:
+    def generate_autoregressive(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        chat: bool = True,
+        on_tokens: TokenCallback | None = None,
+        draft_temperature: float | None = None,
+    ) -> GenerationResult:
         """The plain baseline through the same adapter (same model, same prompt encoding)."""
         ids = encode_prompt(self.tokenizer, prompt, chat)
-        result = autoregressive_generate(self.pair.target, ids, self._config(max_new_tokens, do_sample, temperature,
-                                                                            top_k, top_p, seed), on_tokens)
+        result = autoregressive_generate(
+            self.pair.target,
+            ids,
+            self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed),
+            on_tokens,
+        )
         result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         return result

@@ -62,9 +62,12 @@ class Defaults:
         return "" if self.measured else GPU_NOTE
 
 
-def device_kind(device: str | torch.device = "cpu", device_map: str | dict | None = None,
-                max_memory: str | dict | None = None) -> str:
-    """"cpu" or "gpu": where the target runs. Without a device map, `device`; with one (or
+def device_kind(
+    device: str | torch.device = "cpu",
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+) -> str:
+    """ "cpu" or "gpu": where the target runs. Without a device map, `device`; with one (or
     `max_memory`, which implies `device_map="auto"`), "gpu" if the map names a device other than
     cpu and disk, or is a placement strategy and torch sees a GPU."""
     if device_map is None and max_memory is None:
@@ -73,8 +76,9 @@ def device_kind(device: str | torch.device = "cpu", device_map: str | dict | Non
         except RuntimeError:
             message = f"--device {device!r} is not a device: use cpu, cuda, cuda:N, ..."
             raise ArborError(message) from None
-    if device_map is None or (isinstance(device_map, str)
-                              and device_map.strip() in DEVICE_MAP_STRATEGIES):
+    if device_map is None or (
+        isinstance(device_map, str) and device_map.strip() in DEVICE_MAP_STRATEGIES
+    ):
         return "gpu" if torch.cuda.is_available() else "cpu"
     if isinstance(device_map, dict):
         places = [str(v) for v in device_map.values()]
@@ -89,10 +93,18 @@ def default_dtype(kind: str, embedded: bool, placed: bool) -> str:
     return "int8" if kind == "cpu" and embedded and not placed else "float32"
 
 
-def choose(device: str | torch.device = "cpu", embedded: bool = True,
-           device_map: str | dict | None = None, max_memory: str | dict | None = None, *,
-           method: str | None = None, budget: int | str | None = None, lookup: int | None = None,
-           dtype: str = AUTO, builder_params: bool = False) -> Defaults:
+def choose(
+    device: str | torch.device = "cpu",
+    embedded: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    *,
+    method: str | None = None,
+    budget: int | str | None = None,
+    lookup: int | None = None,
+    dtype: str = AUTO,
+    builder_params: bool = False,
+) -> Defaults:
     """The settings for a target on `device` (placed by `device_map` / `max_memory` if given);
     `embedded`: the target is the embedded model. Given values are kept; None (and dtype "auto")
     take the defaults. `builder_params`: builder parameters were given, so a missing budget is
@@ -112,15 +124,29 @@ def choose(device: str | torch.device = "cpu", embedded: bool = True,
     if str(dtype).lower() == AUTO:
         dtype = default_dtype(kind, embedded, placed)
         chosen.append("dtype")
-    return Defaults(method, budget, lookup, dtype, kind, tuple(chosen),
-                    measured=not (kind == "gpu" and "budget" in chosen))
+    return Defaults(
+        method,
+        budget,
+        lookup,
+        dtype,
+        kind,
+        tuple(chosen),
+        measured=not (kind == "gpu" and "budget" in chosen),
+    )
 
 
-def resolve_dtype(dtype: str, device: str | torch.device = "cpu", embedded: bool = True,
-                  device_map: str | dict | None = None,
-                  max_memory: str | dict | None = None) -> str:
+def resolve_dtype(
+    dtype: str,
+    device: str | torch.device = "cpu",
+    embedded: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+) -> str:
     """`dtype` itself unless it is "auto"; then the default for this target and device."""
     if str(dtype).lower() != AUTO:
         return dtype
-    return default_dtype(device_kind(device, device_map, max_memory), embedded,
-                         device_map is not None or max_memory is not None)
+    return default_dtype(
+        device_kind(device, device_map, max_memory),
+        embedded,
+        device_map is not None or max_memory is not None,
+    )

@@ -11,5 +11,6 @@ class ArborError(ValueError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a long-running tool after its work so far was saved: still a `KeyboardInterrupt`,
-    with a one-line message saying where that work is kept and how to continue it (`--resume`)."""
+    """Ctrl-C stopped a long-running tool after its work so far was saved: still a
+    `KeyboardInterrupt`, with a one-line message saying where that work is kept and how to
+    continue it (`--resume`)."""

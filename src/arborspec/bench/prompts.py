@@ -32,7 +32,8 @@ from ..common.datafiles import humaneval_file, mt_bench_file, read_jsonl
 from ..errors import ArborError
 
 BUILTIN_SETS = ("mt-bench", "mt-bench-validation", "humaneval")
-VALIDATION_START, VALIDATION_STRIDE = 20, 3  # the validation slice: questions[20::3] in MT-Bench's order
+# the validation slice: questions[20::3] in MT-Bench's order
+VALIDATION_START, VALIDATION_STRIDE = 20, 3
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input", "turns")
 
 
@@ -60,12 +61,14 @@ def load_prompts(source: str, num_prompts: int | None = None) -> list[Prompt]:
         path = Path(source).expanduser()
         if not path.exists():
             raise ArborError(
-                f"unknown prompt set {source!r}: use {' or '.join(BUILTIN_SETS)}, a .jsonl/.txt file, "
-                "or hf:DATASET for a Hugging Face dataset"
+                f"unknown prompt set {source!r}: use {' or '.join(BUILTIN_SETS)}, a .jsonl/.txt "
+                "file, or hf:DATASET for a Hugging Face dataset"
             )
         if path.is_dir():
             raise ArborError(f"{source!r} is a directory: give a .jsonl or text file of prompts")
-        prompts = _read_jsonl(path, source) if path.suffix in (".jsonl", ".json") else _read_text(path)
+        prompts = (
+            _read_jsonl(path, source) if path.suffix in (".jsonl", ".json") else _read_text(path)
+        )
     if not prompts:
         raise ArborError(f"prompt set {source!r} is empty: it holds no prompts")
     return prompts[:num_prompts] if num_prompts else prompts
@@ -93,16 +96,20 @@ def stratified(prompts: list[Prompt]) -> list[Prompt]:
 
 
 def conversation(prompt: Prompt, answers: list[str]) -> list[dict]:
-    """Chat messages for turn `len(answers) + 1`: earlier user turns interleaved with the model's own answers."""
+    """Chat messages for turn `len(answers) + 1`: earlier user turns interleaved with the
+    model's own answers."""
     if len(answers) >= len(prompt.turns):
-        raise ArborError(f"prompt {prompt.id} has {len(prompt.turns)} turn(s); cannot ask turn {len(answers) + 1}")
+        raise ArborError(
+            f"prompt {prompt.id} has {len(prompt.turns)} turn(s); cannot ask "
+            f"turn {len(answers) + 1}"
+        )
     messages = []
     for user, answer in zip(prompt.turns, answers):
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": prompt.turns[len(answers)]}]
 
 
-# ---------------------------------------------------------------------------------------------- readers
+# ------------------------------------------------------------------------------------------ readers
 def _read_jsonl(path: Path, source: str) -> list[Prompt]:
     return [_row_to_prompt(row, i, source) for i, row in enumerate(read_jsonl(path, source))]
 
@@ -114,7 +121,9 @@ def _row_to_prompt(row, index: int, source: str) -> Prompt:
         raise ArborError(f"{source}: entry {index + 1} is not a JSON object")
     key = next((k for k in _TEXT_FIELDS if k in row), None)
     if key is None:
-        raise ArborError(f"{source}: entry {index + 1} has none of the fields {', '.join(_TEXT_FIELDS)}")
+        raise ArborError(
+            f"{source}: entry {index + 1} has none of the fields {', '.join(_TEXT_FIELDS)}"
+        )
     turns = row[key] if isinstance(row[key], list) else [row[key]]
     turns = [str(t) for t in turns if str(t).strip()]
     if not turns:
@@ -125,7 +134,9 @@ def _row_to_prompt(row, index: int, source: str) -> Prompt:
 
 def _read_text(path: Path) -> list[Prompt]:
     text = path.read_text(encoding="utf-8")
-    blocks = [b.strip() for b in text.split("\n\n")] if "\n\n" in text.strip() else text.splitlines()
+    blocks = (
+        [b.strip() for b in text.split("\n\n")] if "\n\n" in text.strip() else text.splitlines()
+    )
     texts = [b.strip() for b in blocks if b.strip()]
     return [Prompt(str(i), [t]) for i, t in enumerate(texts)]
 
@@ -135,7 +146,9 @@ def _load_hf_dataset(spec: str) -> list[Prompt]:
     try:
         import datasets
     except ImportError:
-        raise ArborError("hf: prompt sets need the `datasets` package: run `pip install 'arborspec[data]'`") from None
+        raise ArborError(
+            "hf: prompt sets need the `datasets` package: run `pip install 'arborspec[data]'`"
+        ) from None
     name, _, split = spec.partition("@")
     name, _, config = name.partition(":")
     if not name:
@@ -144,9 +157,13 @@ def _load_hf_dataset(spec: str) -> list[Prompt]:
         data = datasets.load_dataset(name, config or None)
     except Exception as exc:  # offline, unknown name, ...: one line for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ArborError(f"cannot load dataset {name!r} ({first}): check the name and the network "
-                         "(offline: save it as JSONL and pass the file)") from None
+        raise ArborError(
+            f"cannot load dataset {name!r} ({first}): check the name and the network "
+            "(offline: save it as JSONL and pass the file)"
+        ) from None
     split = split or ("test" if "test" in data else next(iter(data)))
     if split not in data:
-        raise ArborError(f"dataset {name!r} has no split {split!r}: choose one of {', '.join(data)}")
+        raise ArborError(
+            f"dataset {name!r} has no split {split!r}: choose one of {', '.join(data)}"
+        )
     return [_row_to_prompt(dict(row), i, f"hf:{spec}") for i, row in enumerate(data[split])]

@@ -1,7 +1,8 @@
-"""The benchmark: every method config against plain decoding, same process, same prompts, interleaved.
+"""The benchmark: every method config against plain decoding, same process, same
+prompts, interleaved.
 
-    cfg = BenchConfig(methods=["dyspec:budget=16,32", "sequoia:budget=16:max_depth=6"], temperatures=[0, 0.6],
-                      prompts="mt-bench", num_prompts=10)
+    cfg = BenchConfig(methods=["dyspec:budget=16,32", "sequoia:budget=16:max_depth=6"],
+                      temperatures=[0, 0.6], prompts="mt-bench", num_prompts=10)
     results = run_bench(cfg)        # runs/bench/results.jsonl + report.md + plots
 
 `arborspec bench` builds the same `BenchConfig` from its options.
@@ -47,23 +48,51 @@ from ..engine.cost import cost_curve_for
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError, Interrupted
-from ..models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, SHIPPED_DRAFT_DIR, ModelPair, default_draft, draft_precision,
-                      head_int8, load_model, load_pair, placement_kwargs)
+from ..models import (
+    EMBEDDED_DRAFT,
+    EMBEDDED_TARGET,
+    SHIPPED_DRAFT_DIR,
+    ModelPair,
+    default_draft,
+    draft_precision,
+    head_int8,
+    load_model,
+    load_pair,
+    placement_kwargs,
+)
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
 RESULTS_NAME = "results.jsonl"
 # Header fields that must match for `resume` to append to an existing results file
-_RESUME_KEYS = ("target", "draft", "draft_logits", "prompts", "num_prompts", "max_new_tokens", "device", "dtype", "turns", "chat",
-                "top_k", "top_p", "device_map", "max_memory", "compile")
+_RESUME_KEYS = (
+    "target",
+    "draft",
+    "draft_logits",
+    "prompts",
+    "num_prompts",
+    "max_new_tokens",
+    "device",
+    "dtype",
+    "turns",
+    "chat",
+    "top_k",
+    "top_p",
+    "device_map",
+    "max_memory",
+    "compile",
+)
 
 
 @dataclass(kw_only=True)
 class BenchConfig:
     target: str = "embedded"
     draft: str | None = None  # None = the target's default draft (embedded draft, else ngram)
-    draft_logits: str = "auto"  # a draft head's precision (layer and logits): auto (int8 on CPU), float, int8 (models.load_pair)
-    methods: list[str] = field(default_factory=lambda: ["dyspec:budget=16"])  # sweep specs, see parse_method_spec
+    # a draft head's precision (layer and logits): auto (int8 on CPU), float, int8
+    # (models.load_pair)
+    draft_logits: str = "auto"
+    # sweep specs, see parse_method_spec
+    methods: list[str] = field(default_factory=lambda: ["dyspec:budget=16"])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     prompts: str = "mt-bench"
     num_prompts: int | None = 10
@@ -72,24 +101,30 @@ class BenchConfig:
     repeats: int = 1
     device: str = "cpu"
     dtype: str = "float32"
-    device_map: str | None = None  # placement of the target (models.placement_kwargs): overrides device
+    # placement of the target (models.placement_kwargs): overrides device
+    device_map: str | None = None
     max_memory: str | None = None
     offload_folder: str | None = None
     warmup: int = 1  # warm-up generations per method before timing (not recorded)
     out_dir: Path = Path("runs/bench")
     resume: bool = False
     compare_hf_assisted: bool = False
-    turns: int | None = 1  # user turns per prompt, at most (2 = MT-Bench's second turn too); None = every turn
+    # user turns per prompt, at most (2 = MT-Bench's second turn too); None = every turn
+    turns: int | None = 1
     chat: bool = True
     top_k: int = 0
     top_p: float = 1.0
-    draft_temperature: float | None = None  # draft side at temperature 0 (None: the measured default)
+    # draft side at temperature 0 (None: the measured default)
+    draft_temperature: float | None = None
     threads: int | None = None  # torch threads (None = leave torch's default)
-    compile: bool = False  # the target's decoder through torch.compile, for every method and the baselines
+    # the target's decoder through torch.compile, for every method and the baselines
+    compile: bool = False
 
     def validate(self) -> None:
         if not self.methods:
-            raise ArborError("give at least one method to benchmark, e.g. --method dyspec:budget=16,32")
+            raise ArborError(
+                "give at least one method to benchmark, e.g. --method dyspec:budget=16,32"
+            )
         head_int8(self.draft_logits, self.device, bool(self.device_map or self.max_memory))
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ArborError(f"temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
@@ -101,10 +136,14 @@ class BenchConfig:
         if self.warmup < 0:
             raise ArborError(f"warmup must be >= 0, got {self.warmup}")
         if self.turns is not None and (not isinstance(self.turns, int) or self.turns < 1):
-            raise ArborError(f"turns must be a whole number >= 1, or None for every turn of each prompt; got {self.turns!r}")
+            raise ArborError(
+                "turns must be a whole number >= 1, or None for every turn of each "
+                f"prompt; got {self.turns!r}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
-        SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)  # one-line errors
+        # one-line errors
+        SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)
         placement_kwargs(self.device_map, self.max_memory, self.offload_folder)
 
     def to_json(self) -> dict:
@@ -129,11 +168,14 @@ class MethodConfig:
 
     @property
     def lookup(self) -> int:
-        """`lookup=K`: the decoder grafts up to K context-lookup tokens onto each tree (engine/lookup.py); not a
-        builder parameter."""
+        """`lookup=K`: the decoder grafts up to K context-lookup tokens onto each tree
+        (engine/lookup.py); not a builder parameter."""
         value = dict(self.params).get("lookup", 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ArborError(f"method {self.label!r}: lookup must be a whole number of tokens >= 0, got {value!r}")
+            raise ArborError(
+                f"method {self.label!r}: lookup must be a whole number of "
+                f"tokens >= 0, got {value!r}"
+            )
         return value
 
     def make(self) -> TreeBuilder:
@@ -163,17 +205,19 @@ def parse_method_spec(spec: str) -> list[MethodConfig]:
 
 
 def expand_methods(specs: list[str]) -> list[MethodConfig]:
-    """Parse every spec and build every builder once, so a bad sweep value fails before any model loads."""
+    """Parse every spec and build every builder once, so a bad sweep value fails
+    before any model loads."""
     out: list[MethodConfig] = []
     for spec in specs:
         for m in parse_method_spec(spec):
-            m.make(), m.lookup  # each raises a one-line ArborError on an unknown method or a bad value
+            # each raises a one-line ArborError on an unknown method or a bad value
+            m.make(), m.lookup
             if m not in out:
                 out.append(m)
     return out
 
 
-# ---------------------------------------------------------------------------------------------- records
+# ------------------------------------------------------------------------------------------ records
 @dataclass(frozen=True)
 class RunKey:
     prompt_index: int
@@ -185,18 +229,47 @@ class RunKey:
 
     @classmethod
     def of(cls, record: dict) -> "RunKey":
-        return cls(record["prompt_index"], record["turn"], record["method"], float(record["temperature"]),
-                   record["seed"], record["repeat"])
+        return cls(
+            record["prompt_index"],
+            record["turn"],
+            record["method"],
+            float(record["temperature"]),
+            record["seed"],
+            record["repeat"],
+        )
 
 
 def steps_record(steps) -> dict:
     """Per-step statistics, column by column (compact JSON; `metrics.py` reads these columns)."""
-    cols: dict[str, list] = {k: [] for k in ("accepted_length", "tree_size", "tree_depth", "estimated_length",
-                                             "calibrated_length", "draft_time", "build_time", "verify_time", "other_time",
-                                             "draft_forwards", "examined_draft_probs", "examined_values",
-                                             "examined_accepted", "lookup_nodes", "lookup_accepted")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "accepted_length",
+            "tree_size",
+            "tree_depth",
+            "estimated_length",
+            "calibrated_length",
+            "draft_time",
+            "build_time",
+            "verify_time",
+            "other_time",
+            "draft_forwards",
+            "examined_draft_probs",
+            "examined_values",
+            "examined_accepted",
+            "lookup_nodes",
+            "lookup_accepted",
+        )
+    }
     for s in steps:
-        for k in ("accepted_length", "tree_size", "tree_depth", "draft_forwards", "lookup_nodes", "lookup_accepted"):
+        for k in (
+            "accepted_length",
+            "tree_size",
+            "tree_depth",
+            "draft_forwards",
+            "lookup_nodes",
+            "lookup_accepted",
+        ):
             cols[k].append(int(getattr(s, k)))
         cols["estimated_length"].append(round(float(s.estimated_length), 5))
         cols["calibrated_length"].append(round(float(s.calibrated_length), 5))
@@ -225,7 +298,8 @@ class ResultsFile:
 
 
 def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, dict]]:
-    """Create/check the output dir; with `resume`, read what is there. Returns (path, old header, done runs)."""
+    """Create/check the output dir; with `resume`, read what is there. Returns (path, old
+    header, done runs)."""
     out = Path(cfg.out_dir).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -233,19 +307,25 @@ def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, di
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise ArborError(f"cannot write to output dir {str(out)!r} ({exc.strerror or exc}): choose another --out") from None
+        raise ArborError(
+            f"cannot write to output dir {str(out)!r} ({exc.strerror or exc}): choose another --out"
+        ) from None
     path = out / RESULTS_NAME
     if not path.exists() or path.stat().st_size == 0:
         return path, None, {}
     if not cfg.resume:
-        raise ArborError(f"{path} already holds results: pass --resume to continue that run, or choose another --out")
+        raise ArborError(
+            f"{path} already holds results: pass --resume to continue that run, or "
+            "choose another --out"
+        )
     header, records, _ = read_results(path, allow_partial_tail=True, allow_empty=True)
     _repair_tail(path)
     return path, header, {RunKey.of(r): r for r in records}
 
 
 def _repair_tail(path: Path) -> None:
-    """Drop a half-written last line (the process was killed mid-write) so appends start on a fresh line."""
+    """Drop a half-written last line (the process was killed mid-write) so appends
+    start on a fresh line."""
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         path.write_bytes(data[: data.rfind(b"\n") + 1])
@@ -254,11 +334,14 @@ def _repair_tail(path: Path) -> None:
 def check_resume_compatible(old: dict, new: dict, path: Path) -> None:
     for key in _RESUME_KEYS:
         if old["config"].get(key) != new["config"].get(key):
-            raise ArborError(f"{path} was made with {key}={old['config'].get(key)!r}, not {new['config'].get(key)!r}: "
-                             "resume with the same settings or choose another --out")
+            raise ArborError(
+                f"{path} was made with {key}={old['config'].get(key)!r}, not "
+                f"{new['config'].get(key)!r}: resume with the same settings or "
+                "choose another --out"
+            )
 
 
-# ---------------------------------------------------------------------------------------------- running
+# ------------------------------------------------------------------------------------------ running
 @dataclass
 class Generated:
     """One generation as the benchmark records it."""
@@ -276,35 +359,68 @@ class _Runner:
     def __init__(self, cfg: BenchConfig, pair: ModelPair, methods: list[MethodConfig]) -> None:
         self.cfg, self.pair, self.methods = cfg, pair, methods
         self.eos = eos_ids(pair.tokenizer, pair.target.model)
-        self.decoders = {m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup) for m in methods}
+        self.decoders = {
+            m.label: SpeculativeDecoder(pair.target, pair.drafter, m.make(), lookup=m.lookup)
+            for m in methods
+        }
         self.hf = [HF_GENERATE, HF_ASSISTED] if cfg.compare_hf_assisted else []
-        self.assistant, self.assistant_how = self._assistant() if cfg.compare_hf_assisted else (None, "")
+        self.assistant, self.assistant_how = (
+            self._assistant() if cfg.compare_hf_assisted else (None, "")
+        )
         # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)
-        self.budgets = {label: None if dec.builder.needs_cost else dec.builder.budget for label, dec in self.decoders.items()}
+        self.budgets = {
+            label: None if dec.builder.needs_cost else dec.builder.budget
+            for label, dec in self.decoders.items()
+        }
 
     def _assistant(self):
-        """transformers' assisted-generation peer: the pair's draft model; for a draft head (which transformers
-        cannot run) the embedded target's distilled draft model; else prompt lookup (None)."""
+        """transformers' assisted-generation peer: the pair's draft model; for a draft head (which
+        transformers cannot run) the embedded target's distilled draft model; else
+        prompt lookup (None)."""
         if isinstance(self.pair.drafter, ModelDrafter):
             return self.pair.drafter.lm.model, "the draft model as assistant_model"
-        if self.pair.target_name == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
-            model = load_model(EMBEDDED_DRAFT, self.pair.target.device, draft_precision(self.cfg.dtype))
-            return model, (f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since the pair's "
-                           f"draft ({self.pair.draft_name}) is not a model transformers can run")
-        return None, ("prompt lookup (prompt_lookup_num_tokens=10), since the pair's draft is not a model "
-                      "transformers can run")
+        if (
+            self.pair.target_name == EMBEDDED_TARGET
+            and (SHIPPED_DRAFT_DIR / "config.json").is_file()
+        ):
+            model = load_model(
+                EMBEDDED_DRAFT, self.pair.target.device, draft_precision(self.cfg.dtype)
+            )
+            return model, (
+                f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since the "
+                f"pair's draft ({self.pair.draft_name}) is not a model transformers can run"
+            )
+        return None, (
+            "prompt lookup (prompt_lookup_num_tokens=10), since the pair's draft is not a model "
+            "transformers can run"
+        )
 
     def labels(self) -> list[str]:
         return [BASELINE] + [m.label for m in self.methods] + self.hf
 
-    def decode_config(self, temperature: float, seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
-        sampling = sampling_config(temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.draft_temperature)
-        return DecodeConfig(max_new_tokens=max_new_tokens or self.cfg.max_new_tokens, sampling=sampling, seed=seed,
-                            eos_token_ids=self.eos)
+    def decode_config(
+        self, temperature: float, seed: int, max_new_tokens: int | None = None
+    ) -> DecodeConfig:
+        sampling = sampling_config(
+            temperature > 0, temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.draft_temperature
+        )
+        return DecodeConfig(
+            max_new_tokens=max_new_tokens or self.cfg.max_new_tokens,
+            sampling=sampling,
+            seed=seed,
+            eos_token_ids=self.eos,
+        )
 
-    def generate(self, label: str, ids: list[int], temperature: float, seed: int,
-                 max_new_tokens: int | None = None) -> Generated:
-        """Run the baseline, a method config or transformers' generate (by `label`) on prompt `ids`."""
+    def generate(
+        self,
+        label: str,
+        ids: list[int],
+        temperature: float,
+        seed: int,
+        max_new_tokens: int | None = None,
+    ) -> Generated:
+        """Run the baseline, a method config or transformers' generate (by
+        `label`) on prompt `ids`."""
         dcfg = self.decode_config(temperature, seed, max_new_tokens)
         if label in (HF_GENERATE, HF_ASSISTED):
             return self.hf_generate(label, ids, dcfg)
@@ -312,17 +428,26 @@ class _Runner:
             result = autoregressive_generate(self.pair.target, ids, dcfg)
         else:
             result = self.decoders[label].generate(ids, dcfg)
-        return Generated(result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config)
+        return Generated(
+            result.output_ids, result.wall_time, result.steps, result.stop_reason, result.config
+        )
 
     def hf_generate(self, label: str, ids: list[int], dcfg: DecodeConfig) -> Generated:
-        """Transformers' own `generate` (plain, or assisted by the draft model / prompt lookup). Greedy only."""
+        """Transformers' own `generate` (plain, or assisted by the draft model / prompt
+        lookup). Greedy only."""
         import torch
         from transformers.utils import logging as hf_logging
 
         model = self.pair.target.model
-        kwargs: dict[str, Any] = dict(max_new_tokens=dcfg.max_new_tokens, do_sample=False, temperature=None,
-                                      top_p=None, top_k=None, eos_token_id=list(self.eos) or None,
-                                      pad_token_id=(self.eos[0] if self.eos else 0))
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=dcfg.max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=list(self.eos) or None,
+            pad_token_id=(self.eos[0] if self.eos else 0),
+        )
         how = "plain"
         if label == HF_ASSISTED:
             if self.assistant is not None:
@@ -339,7 +464,7 @@ class _Runner:
                 wall = clock(input_ids.device) - t0
         finally:
             hf_logging.set_verbosity(verbosity)
-        out = [int(t) for t in seq[0, len(ids):]]
+        out = [int(t) for t in seq[0, len(ids) :]]
         stop = "eos" if out and out[-1] in self.eos else "length"
         return Generated(out, wall, [], stop, {"builder": f"transformers.generate({how})"})
 
@@ -348,35 +473,45 @@ class _Runner:
 
 
 def turns_to_run(turns: int | None, prompt: Prompt) -> range:
-    """Turn numbers (from 1) of `prompt` to benchmark: at most `turns` of them, every one for None."""
+    """Turn numbers (from 1) of `prompt` to benchmark: at most `turns` of them,
+    every one for None."""
     return range(1, min(turns or len(prompt.turns), len(prompt.turns)) + 1)
 
 
-def conversation_ids(tokenizer, chat: bool, prompt: Prompt, base_key: RunKey, done: dict[RunKey, dict]) -> list[int]:
-    """Token ids of turn `base_key.turn` of `prompt`: its earlier user turns, each followed by the baseline's
-    recorded answer to it (same prompt, temperature, seed and repeat as `base_key`), then the new user turn."""
-    answers = [tokenizer.decode(done[replace(base_key, turn=k)]["output_ids"], skip_special_tokens=True)
-               for k in range(1, base_key.turn)]
+def conversation_ids(
+    tokenizer, chat: bool, prompt: Prompt, base_key: RunKey, done: dict[RunKey, dict]
+) -> list[int]:
+    """Token ids of turn `base_key.turn` of `prompt`: its earlier user turns, each followed by the
+    baseline's recorded answer to it (same prompt, temperature, seed and repeat as `base_key`), then
+    the new user turn."""
+    answers = [
+        tokenizer.decode(done[replace(base_key, turn=k)]["output_ids"], skip_special_tokens=True)
+        for k in range(1, base_key.turn)
+    ]
     return encode_messages(tokenizer, conversation(prompt, answers), chat)
 
 
-def _plan(cfg: BenchConfig, prompts: list[Prompt]) -> Iterator[tuple[int, Prompt, int, float, int, int]]:
-    """(prompt index, prompt, turn, temperature, seed, repeat) in run order; greedy runs use the first seed only.
-    A prompt's turns run in order, so turn k's baseline answers to turns 1..k-1 exist when it starts."""
+def _plan(
+    cfg: BenchConfig, prompts: list[Prompt]
+) -> Iterator[tuple[int, Prompt, int, float, int, int]]:
+    """(prompt index, prompt, turn, temperature, seed, repeat) in run order; greedy runs use the
+    first seed only. A prompt's turns run in order, so turn k's baseline answers to turns 1..k-1
+    exist when it starts."""
     for index, prompt in enumerate(prompts):
         for turn in turns_to_run(cfg.turns, prompt):
             for temperature in cfg.temperatures:
-                for seed in (cfg.seeds[:1] if temperature == 0 else cfg.seeds):
+                for seed in cfg.seeds[:1] if temperature == 0 else cfg.seeds:
                     for repeat in range(cfg.repeats):
                         yield index, prompt, turn, float(temperature), seed, repeat
 
 
 def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
-    """Run the sweep, write `results.jsonl` + the report into `cfg.out_dir`; return the results path.
+    """Run the sweep, write `results.jsonl` + the report into `cfg.out_dir`;
+    return the results path.
 
-    `pair`: an already loaded `api.ModelPair` (tests, notebooks); otherwise `cfg.target`/`cfg.draft` are loaded.
-    Ctrl-C stops the run, keeps every finished record, still writes the report, then raises `Interrupted`
-    (a KeyboardInterrupt) saying how to continue.
+    `pair`: an already loaded `api.ModelPair` (tests, notebooks); otherwise `cfg.target`/`cfg.draft`
+    are loaded. Ctrl-C stops the run, keeps every finished record, still writes the report, then
+    raises `Interrupted` (a KeyboardInterrupt) saying how to continue.
     """
     import torch
 
@@ -388,15 +523,27 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     path, old_header, done = prepare_output(cfg)
     if pair is None:
         cfg.draft = cfg.draft or default_draft(cfg.target)
-        pair = load_pair(cfg.target, cfg.draft, cfg.device, cfg.dtype, cfg.device_map, cfg.max_memory, cfg.offload_folder,
-                         cfg.draft_logits, cfg.compile)
+        pair = load_pair(
+            cfg.target,
+            cfg.draft,
+            cfg.device,
+            cfg.dtype,
+            cfg.device_map,
+            cfg.max_memory,
+            cfg.offload_folder,
+            cfg.draft_logits,
+            cfg.compile,
+        )
     else:
         cfg.draft = cfg.draft or pair.draft_name
     runner = _Runner(cfg, pair, methods)
     header = _header(cfg, runner)
     if old_header is not None:
         check_resume_compatible(old_header, header, path)
-    first_ids = {i: encode_messages(pair.tokenizer, conversation(p, []), cfg.chat) for i, p in enumerate(prompts)}
+    first_ids = {
+        i: encode_messages(pair.tokenizer, conversation(p, []), cfg.chat)
+        for i, p in enumerate(prompts)
+    }
     _check_lengths(runner, first_ids)
     results = ResultsFile(path)
     interrupted = False
@@ -413,12 +560,15 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
         results.close()
     _finish(path, Path(cfg.out_dir), quiet)
     if interrupted:
-        raise Interrupted(f"interrupted; finished runs kept in {path}; rerun with --resume to continue")
+        raise Interrupted(
+            f"interrupted; finished runs kept in {path}; rerun with --resume to continue"
+        )
     return path
 
 
 def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
-    """Fail before the first run if a prompt + max_new_tokens + the deepest tree would not fit the context."""
+    """Fail before the first run if a prompt + max_new_tokens + the deepest tree would
+    not fit the context."""
     depth = max([d.builder.depth_limit for d in runner.decoders.values()] + [0]) + 1
     longest = max(first_ids.values(), key=len)
     dcfg = runner.decode_config(0.0, 0)
@@ -428,23 +578,40 @@ def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
 
 def _header(cfg: BenchConfig, runner: _Runner) -> dict:
     builders = {m.label: runner.decoders[m.label].builder for m in runner.methods}
-    methods = [{"label": m.label, "name": m.name, "params": dict(m.params), "budget": runner.budgets[m.label],
-                "describe": builders[m.label].describe()} for m in runner.methods]
-    record = {"kind": "header", "schema": SCHEMA_VERSION, "config": cfg.to_json(), "methods": methods,
-              "versions": versions(), "device": str(runner.pair.target.device), "machine": machine_info(),
-              "target": runner.pair.target_name, "draft": runner.pair.draft_name,
-              "draft_logits": _draft_logits(runner.pair.drafter),
-              "cost_curve": cost_curve_for(runner.pair.target, runner.pair.drafter,
-                                           greedy=cfg.temperatures[0] == 0).as_dict(),
-              "timestamp": utc_timestamp()}
+    methods = [
+        {
+            "label": m.label,
+            "name": m.name,
+            "params": dict(m.params),
+            "budget": runner.budgets[m.label],
+            "describe": builders[m.label].describe(),
+        }
+        for m in runner.methods
+    ]
+    record = {
+        "kind": "header",
+        "schema": SCHEMA_VERSION,
+        "config": cfg.to_json(),
+        "methods": methods,
+        "versions": versions(),
+        "device": str(runner.pair.target.device),
+        "machine": machine_info(),
+        "target": runner.pair.target_name,
+        "draft": runner.pair.draft_name,
+        "draft_logits": _draft_logits(runner.pair.drafter),
+        "cost_curve": cost_curve_for(
+            runner.pair.target, runner.pair.drafter, greedy=cfg.temperatures[0] == 0
+        ).as_dict(),
+        "timestamp": utc_timestamp(),
+    }
     if cfg.compare_hf_assisted:
         record["notes"] = [_hf_note(runner)["text"]]
     return record
 
 
 def _draft_logits(drafter) -> str | None:
-    """A draft head's precision ("int8 layer and logits", "int8 logits" or "float"; older results files: "int8" or
-    "float" for the logits); None for other drafters."""
+    """A draft head's precision ("int8 layer and logits", "int8 logits" or "float"; older results
+    files: "int8" or "float" for the logits); None for other drafters."""
     head = getattr(drafter, "head", None)
     if head is None:
         return None
@@ -455,12 +622,16 @@ def _draft_logits(drafter) -> str | None:
 
 def _hf_note(runner: _Runner) -> dict:
     how = runner.assistant_how
-    return {"kind": "note", "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
-                                    f"(temperature > 0 skipped); {HF_GENERATE} is plain transformers generate()."}
+    return {
+        "kind": "note",
+        "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
+        f"(temperature > 0 skipped); {HF_GENERATE} is plain transformers generate().",
+    }
 
 
 def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
-    """A few short unrecorded generations per method: first-call allocations and kernel selection stay out of timing."""
+    """A few short unrecorded generations per method: first-call allocations and kernel selection
+    stay out of timing."""
     if runner.cfg.warmup == 0:
         return
     temperature = runner.cfg.temperatures[0]
@@ -469,13 +640,24 @@ def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
         for label in runner.labels():
             for _ in range(runner.cfg.warmup):
                 if runner.runs_for(label, 0.0):
-                    runner.generate(label, ids, 0.0 if label in runner.hf else temperature, runner.cfg.seeds[0],
-                                    min(runner.cfg.max_new_tokens, 16))
+                    runner.generate(
+                        label,
+                        ids,
+                        0.0 if label in runner.hf else temperature,
+                        runner.cfg.seeds[0],
+                        min(runner.cfg.max_new_tokens, 16),
+                    )
                 progress.advance(task)
 
 
-def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int]], done: dict[RunKey, dict],
-           results: ResultsFile, quiet: bool) -> None:
+def _sweep(
+    runner: _Runner,
+    prompts: list[Prompt],
+    first_ids: dict[int, list[int]],
+    done: dict[RunKey, dict],
+    results: ResultsFile,
+    quiet: bool,
+) -> None:
     cfg = runner.cfg
     plan = list(_plan(cfg, prompts))
     labels = runner.labels()
@@ -484,32 +666,59 @@ def _sweep(runner: _Runner, prompts: list[Prompt], first_ids: dict[int, list[int
         task = progress.add_task("bench", total=total, info="")
         for index, prompt, turn, temperature, seed, repeat in plan:
             base_key = RunKey(index, turn, BASELINE, temperature, seed, repeat)
-            ids = (first_ids[index] if turn == 1  # later turns follow the target's own (baseline) earlier answers
-                   else conversation_ids(runner.pair.tokenizer, cfg.chat, prompt, base_key, done))
+            # later turns follow the target's own (baseline) earlier answers
+            ids = (
+                first_ids[index]
+                if turn == 1
+                else conversation_ids(runner.pair.tokenizer, cfg.chat, prompt, base_key, done)
+            )
             for label in labels:
                 if not runner.runs_for(label, temperature):
                     continue
                 key = RunKey(index, turn, label, temperature, seed, repeat)
-                progress.update(task, description=f"prompt {index + 1}/{len(prompts)} t{turn} T={temperature:g} {label}")
+                progress.update(
+                    task,
+                    description=(
+                        f"prompt {index + 1}/{len(prompts)} t{turn} T={temperature:g} {label}"
+                    ),
+                )
                 if key not in done:
                     record = _run_one(runner, key, prompt, ids, done.get(base_key))
                     results.write(record)
                     done[key] = record
-                    rate = record["new_tokens"] / record["wall_time"] if record["wall_time"] > 0 else 0.0
+                    rate = (
+                        record["new_tokens"] / record["wall_time"]
+                        if record["wall_time"] > 0
+                        else 0.0
+                    )
                     progress.update(task, info=f"{rate:6.1f} tok/s")
                 progress.advance(task)
 
 
-def _run_one(runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], baseline: dict | None) -> dict:
+def _run_one(
+    runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], baseline: dict | None
+) -> dict:
     run = runner.generate(key.method, ids, key.temperature, key.seed)
     same = None
     if key.temperature == 0 and key.method != BASELINE and baseline is not None:
         same = run.output_ids == baseline["output_ids"]
     name = key.method.split(":")[0]
-    return {"kind": "run", **asdict(key), "name": name, "budget": runner.budgets.get(key.method), "prompt_id": prompt.id,
-            "category": prompt.category, "prompt_len": len(ids), "new_tokens": len(run.output_ids),
-            "wall_time": round(run.wall_time, 6), "stop_reason": run.stop_reason, "output_ids": run.output_ids,
-            "same_as_baseline": same, "config": run.config, "steps": steps_record(run.steps)}
+    return {
+        "kind": "run",
+        **asdict(key),
+        "name": name,
+        "budget": runner.budgets.get(key.method),
+        "prompt_id": prompt.id,
+        "category": prompt.category,
+        "prompt_len": len(ids),
+        "new_tokens": len(run.output_ids),
+        "wall_time": round(run.wall_time, 6),
+        "stop_reason": run.stop_reason,
+        "output_ids": run.output_ids,
+        "same_as_baseline": same,
+        "config": run.config,
+        "steps": steps_record(run.steps),
+    }
 
 
 def _finish(path: Path, out_dir: Path, quiet: bool) -> None:
@@ -524,20 +733,23 @@ def _finish(path: Path, out_dir: Path, quiet: bool) -> None:
     console.print(f"results: {path}\nreport:  {report}")
 
 
-# ---------------------------------------------------------------------------------------------- CLI shell
+# ---------------------------------------------------------------------------------------- CLI shell
 def parse_number_list(text: str, kind: type, what: str) -> list:
     """`"0,0.6"` -> [0.0, 0.6]; one-line error on anything else."""
     try:
         values = [kind(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise ArborError(f"{what} must be a comma-separated list of numbers, e.g. 0,0.6; got {text!r}") from None
+        raise ArborError(
+            f"{what} must be a comma-separated list of numbers, e.g. 0,0.6; got {text!r}"
+        ) from None
     if not values:
         raise ArborError(f"give at least one value for {what}")
     return values
 
 
 def parse_turns(text: str) -> int | None:
-    """`--turns`: `"2"` -> 2, `"all"` -> None (every turn of each prompt); one-line error on anything else."""
+    """`--turns`: `"2"` -> 2, `"all"` -> None (every turn of each prompt); one-line
+    error on anything else."""
     value = text.strip().lower()
     if value == "all":
         return None

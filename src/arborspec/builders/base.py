@@ -46,7 +46,9 @@ class DrawSequence:
     def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
         dist = ctx.probs(tree, [node])[0]
         support = probability_support(dist)  # noise only for the tokens that can be drawn
-        tokens = sample_without_replacement(dist, limit, ctx.gumbel(tree, node, support.numel()), support)
+        tokens = sample_without_replacement(
+            dist, limit, ctx.gumbel(tree, node, support.numel()), support
+        )
         probs = [float(dist[y]) for y in tokens]
         tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
         return cls(dist, tokens, probs, tails)
@@ -69,8 +71,12 @@ def add_draw(tree: TokenTree, draws: DrawSequence, parent: int, k: int) -> int:
     """Add draw k of `parent` (the tree must already hold draws 0..k-1) and record D(.|parent)."""
     assert len(tree.children[parent]) == k, "draws must be added in order"
     tree.child_dists[parent] = draws.dist
-    return tree.add(parent, draws.tokens[k], value=draws.child_value(tree.values[parent], k),
-                    draft_prob=draws.probs[k])
+    return tree.add(
+        parent,
+        draws.tokens[k],
+        value=draws.child_value(tree.values[parent], k),
+        draft_prob=draws.probs[k],
+    )
 
 
 def draw_children(ctx: DraftContext, tree: TokenTree, node: int, k: int) -> list[int]:
@@ -103,20 +109,29 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, tree: TokenTree, order: list[int] | None = None, values: list[float] | None = None) -> list[int]:
-        """Add candidates `order` (indices; default all, in proposal order); node value = `values[i]`,
-        default the joint probability. Returns the new node indices."""
+    def add(
+        self, tree: TokenTree, order: list[int] | None = None, values: list[float] | None = None
+    ) -> list[int]:
+        """Add candidates `order` (indices; default all, in proposal order); node value =
+        `values[i]`, default the joint probability. Returns the new node indices."""
         values = self.joint if values is None else values
-        return [tree.add(self.parents[i], self.tokens[i], value=values[i], draft_prob=self.draft_probs[i])
-                for i in (range(len(self)) if order is None else order)]
+        return [
+            tree.add(
+                self.parents[i], self.tokens[i], value=values[i], draft_prob=self.draft_probs[i]
+            )
+            for i in (range(len(self)) if order is None else order)
+        ]
 
 
 def top_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -> Candidates:
-    """Each of `nodes` proposes its k most likely children (one batched draft forward); never a zero-probability token."""
+    """Each of `nodes` proposes its k most likely children (one batched draft forward); never a
+    zero-probability token."""
     dists = ctx.probs(tree, nodes).float().cpu()  # [F, V]
     top = dists.topk(min(k, dists.shape[-1]), dim=-1)  # values / indices [F, k]
     cands = Candidates(dists, [], [], [], [], [], [])
-    for row, (node, probs, tokens) in enumerate(zip(nodes, top.values.tolist(), top.indices.tolist())):
+    for row, (node, probs, tokens) in enumerate(
+        zip(nodes, top.values.tolist(), top.indices.tolist())
+    ):
         for prob, token in zip(probs, tokens):
             if prob <= 0:
                 break
@@ -130,9 +145,9 @@ def top_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], k: int) -
 
 
 def rank_nodes(tree: TokenTree, values: list[float] | None = None) -> list[int]:
-    """Non-root nodes, best first: by value (default the tree's own, = p_hat; or other per-node `values`, e.g.
-    calibrated ones) descending, then depth, then index. Every prefix is parent-closed as long as no node is
-    worth more than its parent."""
+    """Non-root nodes, best first: by value (default the tree's own, = p_hat; or other per-node
+    `values`, e.g. calibrated ones) descending, then depth, then index. Every prefix is
+    parent-closed as long as no node is worth more than its parent."""
     values = tree.values if values is None else values
     return sorted(range(1, tree.num_nodes), key=lambda i: (-values[i], tree.depths[i], i))
 

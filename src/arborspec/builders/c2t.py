@@ -1,4 +1,5 @@
-"""C2T: grow the tree layer by layer, keeping the children a tiny classifier trusts (Huo et al. 2025, "C2T", Sec. 4.2).
+"""C2T: grow the tree layer by layer, keeping the children a tiny classifier trusts (Huo et al.
+2025, "C2T", Sec. 4.2).
 
 Each layer: every frontier node proposes its `topk` children (one
 batched draft forward for the layer); each candidate gets the classifier's
@@ -40,8 +41,10 @@ class C2TBuilder(TreeBuilder):
     budget: int = 64
     topk: int = 8  # top-k children per node, and at most k nodes per layer (second pruning)
     max_depth: int = 8
-    classifier: str | None = None  # .safetensors path; None = shipped default; "none" = joint probability
-    beta: float | None = None  # confidence threshold (first pruning); None = the classifier's recommended_beta, else 0.5
+    # .safetensors path; None = shipped default; "none" = joint probability
+    classifier: str | None = None
+    # confidence threshold (first pruning); None = the classifier's recommended_beta, else 0.5
+    beta: float | None = None
     name = "c2t"
     children_mode = "selected"
     paper = "Huo et al. 2025, C2T (Sec. 4.2)"
@@ -60,8 +63,10 @@ class C2TBuilder(TreeBuilder):
             return load_classifier(self.classifier)
         default = c2t_classifier.DEFAULT_CLASSIFIER
         if not default.is_file():
-            raise ArborError(f"no C2T classifier at {default}: run `arborspec train-c2t` for the pair, pass "
-                             "classifier=PATH, or classifier=none for the joint-probability rule")
+            raise ArborError(
+                f"no C2T classifier at {default}: run `arborspec train-c2t` for the pair, pass "
+                "classifier=PATH, or classifier=none for the joint-probability rule"
+            )
         return load_classifier(default)
 
     @property
@@ -73,7 +78,12 @@ class C2TBuilder(TreeBuilder):
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
         if self._clf is not None:
-            check_vocab_size(self._clf.meta.get("vocab_size"), ctx.vocab_size, what="the C2T classifier", fix=RETRAIN)
+            check_vocab_size(
+                self._clf.meta.get("vocab_size"),
+                ctx.vocab_size,
+                what="the C2T classifier",
+                fix=RETRAIN,
+            )
         tree = TokenTree.from_root(root_token, self.children_mode)
         frontier = [0]
         for _ in range(self.max_depth):
@@ -84,7 +94,9 @@ class C2TBuilder(TreeBuilder):
             features = c2t_features(cands)  # [C, 3]
             conf = self.confidence(features)  # [C]
             passing = (conf >= self.threshold).nonzero().squeeze(-1)
-            order = passing[conf[passing].argsort(descending=True, stable=True)][: min(self.topk, room)]
+            order = passing[conf[passing].argsort(descending=True, stable=True)][
+                : min(self.topk, room)
+            ]
             # node value = the joint-probability feature (float32), as the classifier saw it
             frontier = cands.add(tree, order.tolist(), values=features[:, 0].tolist())
         return tree

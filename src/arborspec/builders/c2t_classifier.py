@@ -1,4 +1,5 @@
-"""C2T's classifier and its three features: what the online builder needs, and the file format (Huo et al. 2025, "C2T", Sec. 4.1).
+"""C2T's classifier and its three features: what the online builder needs, and the file format (Huo
+et al. 2025, "C2T", Sec. 4.1).
 
 Each candidate node is described by three features:
   1. joint probability: the product of draft probabilities along its path
@@ -31,7 +32,8 @@ ENTROPY_TOP = 1000
 HIDDEN = 48
 CLASSIFIER_FORMAT = "arborspec-c2t/1"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "c2t"
-DEFAULT_CLASSIFIER = SHIPPED_DIR / "embedded.safetensors"  # for target "embedded" + draft "embedded-draft"
+# for target "embedded" + draft "embedded-draft"
+DEFAULT_CLASSIFIER = SHIPPED_DIR / "embedded.safetensors"
 RETRAIN = "train one for this pair with `arborspec train-c2t`"
 
 
@@ -46,7 +48,9 @@ def c2t_features(cands: Candidates) -> torch.Tensor:  # [C, 3] float32
     if not cands.parents:
         return torch.zeros(0, len(FEATURES))
     entropy = top_entropy(cands.dists)[torch.tensor(cands.rows)]  # [C]
-    return torch.stack([torch.tensor(cands.joint), entropy, torch.tensor(cands.depths).float()], dim=-1)
+    return torch.stack(
+        [torch.tensor(cands.joint), entropy, torch.tensor(cands.depths).float()], dim=-1
+    )
 
 
 def make_classifier(hidden: int = HIDDEN) -> nn.Sequential:
@@ -69,38 +73,60 @@ def save_classifier(path: str | Path, clf: C2TClassifier) -> None:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {**clf.meta, "format": CLASSIFIER_FORMAT, "features": list(FEATURES), "entropy_top": ENTROPY_TOP}
+    meta = {
+        **clf.meta,
+        "format": CLASSIFIER_FORMAT,
+        "features": list(FEATURES),
+        "entropy_top": ENTROPY_TOP,
+    }
     tensors = {k: v.detach().contiguous().cpu() for k, v in clf.net.state_dict().items()}
     save_file(tensors, str(path), metadata={"arborspec": json.dumps(meta)})
 
 
-def load_classifier(path: str | Path, target: str | None = None, draft: str | None = None,
-                    vocab_size: int | None = None) -> C2TClassifier:
-    """Read a classifier file; one-line ArborError if malformed or made for another pair or vocabulary."""
+def load_classifier(
+    path: str | Path,
+    target: str | None = None,
+    draft: str | None = None,
+    vocab_size: int | None = None,
+) -> C2TClassifier:
+    """Read a classifier file; one-line ArborError if malformed or made for another
+    pair or vocabulary."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
-        raise ArborError(f"C2T classifier {str(path)!r} does not exist: train one with `arborspec train-c2t`")
+        raise ArborError(
+            f"C2T classifier {str(path)!r} does not exist: train one with `arborspec train-c2t`"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ArborError(f"C2T classifier {str(path)!r} is not a safetensors file ({exc})") from None
+        raise ArborError(
+            f"C2T classifier {str(path)!r} is not a safetensors file ({exc})"
+        ) from None
     try:
         meta = json.loads(header["arborspec"])
         assert meta.get("format") == CLASSIFIER_FORMAT and meta.get("features") == list(FEATURES)
     except (KeyError, json.JSONDecodeError, AssertionError, AttributeError):
-        raise ArborError(f"{str(path)!r} is not an arborspec C2T classifier (missing or wrong metadata)") from None
+        raise ArborError(
+            f"{str(path)!r} is not an arborspec C2T classifier (missing or wrong metadata)"
+        ) from None
     net = make_classifier(tensors["0.weight"].shape[0] if "0.weight" in tensors else HIDDEN)
     try:
         net.load_state_dict(tensors)
     except RuntimeError as exc:
-        raise ArborError(f"C2T classifier {str(path)!r} has unexpected weights ({str(exc).splitlines()[0]})") from None
+        raise ArborError(
+            f"C2T classifier {str(path)!r} has unexpected weights ({str(exc).splitlines()[0]})"
+        ) from None
     for role, want in [("target", target), ("draft", draft)]:
         if want is not None and meta.get(role) != want:
-            raise ArborError(f"C2T classifier {str(path)!r} was trained for {role} {meta.get(role)!r}, not {want!r}: "
-                             f"retrain with `arborspec train-c2t --{role} {want}`")
-    check_vocab_size(meta.get("vocab_size"), vocab_size, what=f"C2T classifier {str(path)!r}", fix=RETRAIN)
+            raise ArborError(
+                f"C2T classifier {str(path)!r} was trained for {role} {meta.get(role)!r}, not "
+                f"{want!r}: retrain with `arborspec train-c2t --{role} {want}`"
+            )
+    check_vocab_size(
+        meta.get("vocab_size"), vocab_size, what=f"C2T classifier {str(path)!r}", fix=RETRAIN
+    )
     return C2TClassifier(net.eval(), meta)

@@ -1,4 +1,5 @@
-"""DySpec: dynamic token trees grown by estimated verification probability (Xiong et al. 2024, "DySpec").
+"""DySpec: dynamic token trees grown by estimated verification probability (Xiong
+et al. 2024, "DySpec").
 
 Two builders, both sampling children *without replacement*, so both pair with
 the `rejection` verifier (DySpec Alg. 3 = Sequoia Alg. 1) above temperature 0:
@@ -71,11 +72,16 @@ class _DySpecSize:
     auto: bool
 
     def _rule(self, ctx: DraftContext) -> GrowthRule | None:
-        """budget=auto: the growth rule (builders/auto_size.py), deciding every draw before it is made."""
+        """budget=auto: the growth rule (builders/auto_size.py), deciding every draw
+        before it is made."""
         if not self.auto:
             return None
-        return GrowthRule(require_cost(self.name, ctx.cost), ctx.acceptance, self.budget,
-                          ordered=ctx.cfg.ordered_draws)
+        return GrowthRule(
+            require_cost(self.name, ctx.cost),
+            ctx.acceptance,
+            self.budget,
+            ordered=ctx.cfg.ordered_draws,
+        )
 
     def _check_size(self) -> None:
         require_positive(budget=self.budget, max_depth=self.max_depth, topk=self.topk)
@@ -89,8 +95,10 @@ class _DySpecSize:
 @dataclass(kw_only=True)
 class DySpecBuilder(_DySpecSize, TreeBuilder):
     budget: int = 32  # with auto: the largest tree considered
-    prefetch: bool = True  # batch draft forwards for nodes that may be popped soon (never changes the tree)
-    auto: bool = False  # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
+    # batch draft forwards for nodes that may be popped soon (never changes the tree)
+    prefetch: bool = True
+    # budget=auto: size each tree by the measured cost curve (builders/auto_size.py)
+    auto: bool = False
     name = "dyspec"
     children_mode = "without_replacement"
     paper = "Xiong et al. 2024, DySpec (Alg. 1, App. D)"
@@ -107,20 +115,33 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
         rule = self._rule(ctx)
         while heap and tree.size < self.budget:
             slot = heapq.heappop(heap)
-            if slot.parent not in draws:  # a first-child slot: its distribution needs a draft forward
+            # a first-child slot: its distribution needs a draft forward
+            if slot.parent not in draws:
                 forwards = ctx.drafter.forwards
-                if (rule is not None and not ctx.has_probs(tree, slot.parent)
-                        and not rule.worth_forward(tree.size, rule.children_worth(slot.parent), forwards + 1, forwards)):
-                    continue  # budget=auto: the node stays a leaf, its children are not expected to repay the forward
+                if (
+                    rule is not None
+                    and not ctx.has_probs(tree, slot.parent)
+                    and not rule.worth_forward(
+                        tree.size, rule.children_worth(slot.parent), forwards + 1, forwards
+                    )
+                ):
+                    # budget=auto: the node stays a leaf, its children are not expected to repay the
+                    # forward
+                    continue
                 self._forward(ctx, tree, heap, slot.parent, draws, rule)
-                draws[slot.parent] = DrawSequence.of(ctx, tree, slot.parent, self.draws_per_node(self.budget))
+                draws[slot.parent] = DrawSequence.of(
+                    ctx, tree, slot.parent, self.draws_per_node(self.budget)
+                )
                 if rule is not None:
                     moments[slot.parent] = rule.moments(draws[slot.parent].dist)
             seq = draws[slot.parent]
             if rule is not None and not rule.keep(
-                    tree.size, rule.draw_value(slot.parent, moments[slot.parent], seq.probs, slot.k),
-                    ctx.drafter.forwards):
-                continue  # budget=auto: this draw, and so the node's later ones, are not expected to pay
+                tree.size,
+                rule.draw_value(slot.parent, moments[slot.parent], seq.probs, slot.k),
+                ctx.drafter.forwards,
+            ):
+                # budget=auto: this draw, and so the node's later ones, are not expected to pay
+                continue
             node = add_draw(tree, seq, slot.parent, slot.k)
             if rule is not None:
                 rule.add(tree, node)
@@ -131,8 +152,15 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
                 heapq.heappush(heap, Slot(-tree.values[node], next(counter), node, 0))
         return tree
 
-    def _forward(self, ctx: DraftContext, tree: TokenTree, heap: list[Slot], node: int,
-                 draws: dict[int, DrawSequence], rule: GrowthRule | None = None) -> None:
+    def _forward(
+        self,
+        ctx: DraftContext,
+        tree: TokenTree,
+        heap: list[Slot],
+        node: int,
+        draws: dict[int, DrawSequence],
+        rule: GrowthRule | None = None,
+    ) -> None:
         """One batched draft forward for `node` and, with `prefetch`, the other unexpanded nodes
         among the slots that can still be popped (the best `budget - size - 1` in the heap; with
         `budget=auto`, only those whose children are expected to be worth a row, `GrowthRule.keep`).
@@ -147,7 +175,11 @@ class DySpecBuilder(_DySpecSize, TreeBuilder):
             slots = [s for s in heapq.nsmallest(room, heap) if s.parent not in draws and s.k == 0]
             if rule is not None:  # this forward is paid either way
                 forwards = ctx.drafter.forwards + 1
-                slots = [s for s in slots if rule.keep(tree.size, rule.children_worth(s.parent), forwards)]
+                slots = [
+                    s
+                    for s in slots
+                    if rule.keep(tree.size, rule.children_worth(s.parent), forwards)
+                ]
             nodes += [s.parent for s in slots]
         ctx.probs(tree, nodes)
 
@@ -179,10 +211,17 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
         layer = [0]
         while layer and tree.size < self.budget:
             # a node's first-child slot has the node's own value: only those passing get a forward
-            expand = [n for n in layer if tree.values[n] >= self.threshold and tree.depths[n] < self.depth_limit]
-            if rule is not None and tree.size > 0:  # budget=auto: children expected to repay the layer's forward
+            expand = [
+                n
+                for n in layer
+                if tree.values[n] >= self.threshold and tree.depths[n] < self.depth_limit
+            ]
+            # budget=auto: children expected to repay the layer's forward
+            if rule is not None and tree.size > 0:
                 forwards = ctx.drafter.forwards
-                expand = [n for n in expand if rule.keep(tree.size, rule.children_worth(n), forwards + 1)]
+                expand = [
+                    n for n in expand if rule.keep(tree.size, rule.children_worth(n), forwards + 1)
+                ]
                 gain = sum(rule.children_worth(n) for n in expand)
                 if expand and not rule.worth_forward(tree.size, gain, forwards + 1, forwards):
                     expand = []
@@ -192,7 +231,9 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
             layer = self._grow_layer(ctx, tree, expand, rule)
         return tree
 
-    def _grow_layer(self, ctx: DraftContext, tree: TokenTree, expand: list[int], rule: GrowthRule | None) -> list[int]:
+    def _grow_layer(
+        self, ctx: DraftContext, tree: TokenTree, expand: list[int], rule: GrowthRule | None
+    ) -> list[int]:
         """Draw every slot of `expand` with value >= threshold; if the node cap would be
         exceeded keep the best slots (a node's slot values decrease with k, so each
         node keeps a prefix of its draws). With `budget=auto`, a node's draws also stop at the
@@ -208,10 +249,13 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
                 value = seqs[n].slot_value(tree.values[n], k)
                 if value < self.threshold:
                     break
-                if rule is not None and not rule.keep(size, rule.draw_value(n, moments, seqs[n].probs, k), forwards):
+                if rule is not None and not rule.keep(
+                    size, rule.draw_value(n, moments, seqs[n].probs, k), forwards
+                ):
                     break
                 slots.append((-value, pos, k))
-        kept = sorted(sorted(slots)[:room], key=lambda s: (s[1], s[2]))  # back to layer order, draw order
+        # back to layer order, draw order
+        kept = sorted(sorted(slots)[:room], key=lambda s: (s[1], s[2]))
         nodes = []
         for _, pos, k in kept:
             nodes.append(add_draw(tree, seqs[expand[pos]], expand[pos], k))

@@ -1,4 +1,5 @@
-"""EAGLE-2 tree construction: expand by joint probability, then rerank (Li et al. 2024, "EAGLE-2", Sec. 4).
+"""EAGLE-2 tree construction: expand by joint probability, then rerank (Li et al.
+2024, "EAGLE-2", Sec. 4).
 
 Expand phase: the root proposes its `topk` children; at each further layer the
 `topk` nodes of the last layer with the largest joint probability (product of

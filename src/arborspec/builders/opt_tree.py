@@ -1,4 +1,5 @@
-"""OPT-Tree: an adaptive draft tree maximising the expected acceptance length (Wang et al. 2024, "OPT-Tree").
+"""OPT-Tree: an adaptive draft tree maximising the expected acceptance length (Wang et
+al. 2024, "OPT-Tree").
 
 A node's score is `p_hat` = product of draft probabilities along its path, an
 estimate of the probability that the target accepts the whole path; the
@@ -52,19 +53,25 @@ def top_subtree(tree: TokenTree, n: int, children_mode: ChildrenMode = "selected
     return out
 
 
-def best_children(ctx: DraftContext, tree: TokenTree, nodes: list[int], n: int, topk: int) -> list[int]:
-    """Add, over all `nodes`, the n children with the largest p_hat (each node proposing its topk best);
-    one batched draft forward. Returns the new nodes, best first (each parent's children best first too)."""
+def best_children(
+    ctx: DraftContext, tree: TokenTree, nodes: list[int], n: int, topk: int
+) -> list[int]:
+    """Add, over all `nodes`, the n children with the largest p_hat (each node proposing its topk
+    best); one batched draft forward. Returns the new nodes, best first (each parent's
+    children best first too)."""
     cands = top_children(ctx, tree, nodes, topk)
     if not cands.joint:
         return []
-    best = torch.topk(torch.tensor(cands.joint, dtype=torch.float64), min(n, len(cands))).indices.tolist()
+    best = torch.topk(
+        torch.tensor(cands.joint, dtype=torch.float64), min(n, len(cands))
+    ).indices.tolist()
     return cands.add(tree, best)
 
 
 @dataclass
 class OptTreeResult:
-    """What one call of `OptTreeBuilder.grow` made: the tree, and E(A) after each layer (root alone: 1)."""
+    """What one call of `OptTreeBuilder.grow` made: the tree, and E(A) after each
+    layer (root alone: 1)."""
 
     tree: TokenTree
     history: list[float]
@@ -76,7 +83,8 @@ class OptTreeBuilder(TreeBuilder):
     budget: int = 32  # n: nodes kept, and layer width
     max_depth: int = 12
     delta: float = 0.2  # stop when E(A) grows by less than this (the paper's best for a 68M draft)
-    auto: bool = False  # budget=auto: keep the best-scoring top-n, n <= budget (builders/auto_size.py)
+    # budget=auto: keep the best-scoring top-n, n <= budget (builders/auto_size.py)
+    auto: bool = False
     name = "opt-tree"
     children_mode = "selected"
     paper = "Wang et al. 2024, OPT-Tree (Alg. 1, Thm. 3.1-3.2)"
@@ -91,11 +99,13 @@ class OptTreeBuilder(TreeBuilder):
         tree = self.grow(ctx, root_token, cost).tree
         return auto_subtree(tree, cost, ctx.drafter.forwards, ctx.acceptance) if self.auto else tree
 
-    def grow(self, ctx: DraftContext, root_token: int, cost: CostCurve | None = None) -> OptTreeResult:
-        """Layer by layer (module doc). With a cost curve (`budget=auto`), only the nodes whose children
-        could still pay for their rows are drafted, and growth stops when the next layer could not raise
-        the tree's best score after paying its draft forward (builders/auto_size.layer_to_draft,
-        calibrated values)."""
+    def grow(
+        self, ctx: DraftContext, root_token: int, cost: CostCurve | None = None
+    ) -> OptTreeResult:
+        """Layer by layer (module doc). With a cost curve (`budget=auto`), only the nodes whose
+        children could still pay for their rows are drafted, and growth stops when the next layer
+        could not raise the tree's best score after paying its draft forward
+        (builders/auto_size.layer_to_draft, calibrated values)."""
         work = TokenTree.from_root(root_token, self.children_mode)
         layer, history = [0], [1.0]  # E(A) of the root alone: the bonus token
         for _ in range(self.max_depth):
@@ -108,7 +118,9 @@ class OptTreeBuilder(TreeBuilder):
             if history[-1] - history[-2] < self.delta or not layer:
                 break
             if cost is not None:
-                layer = layer_to_draft(work, layer, cost, ctx.drafter.forwards, ctx.acceptance, self.budget)
+                layer = layer_to_draft(
+                    work, layer, cost, ctx.drafter.forwards, ctx.acceptance, self.budget
+                )
                 if not layer:
                     break
         return OptTreeResult(top_subtree(work, self.budget, self.children_mode), history)

@@ -44,11 +44,16 @@ def make_builder(name: str, budget: int | None = None, **params: Any) -> TreeBui
     cls = builder_class(name)
     unknown = sorted(set(params) - set(parameter_names(cls)))
     if unknown:
-        raise ArborError(f"method {name!r} has no parameter {unknown[0]!r}: it takes {', '.join(parameter_names(cls))}")
+        raise ArborError(
+            f"method {name!r} has no parameter {unknown[0]!r}: it takes "
+            f"{', '.join(parameter_names(cls))}"
+        )
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         if "auto" not in parameter_names(cls):
-            raise ArborError(f"method {name!r} has no budget=auto (it is offered by dyspec, dyspec-threshold and "
-                             "opt-tree): give an integer budget")
+            raise ArborError(
+                f"method {name!r} has no budget=auto (it is offered by dyspec, dyspec-threshold "
+                "and opt-tree): give an integer budget"
+            )
         budget, params = None, {**params, "auto": True}
     if budget is not None:
         if not isinstance(budget, int) or budget < 1:
@@ -71,7 +76,8 @@ def parse_budget(raw: str | int | None) -> int | str | None:
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
-    """`["budget=32", "threshold=0.05", "shape=tree.json"]` -> typed dict (int, float, bool or str)."""
+    """`["budget=32", "threshold=0.05", "shape=tree.json"]` -> typed dict (int,
+    float, bool or str)."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:

@@ -1,4 +1,5 @@
-"""Sequoia, run-time half: fill a fixed tree shape by sampling without replacement (Chen et al. 2024, "Sequoia", Alg. 1).
+"""Sequoia, run-time half: fill a fixed tree shape by sampling without replacement (Chen et al.
+2024, "Sequoia", Alg. 1).
 
 The shape (index paths, see `shapes.py`) comes from `shape=` (a JSON file, or an
 inline literal like `[[0], [1], [0, 0]]`) or from the dynamic program of
@@ -21,7 +22,14 @@ from ..errors import ArborError
 from .base import draw_children, require_positive
 from .registry import register
 from .sequoia_dp import default_shape
-from .shapes import Shape, children_counts, load_shape, parse_shape_literal, shape_depth, validate_shape
+from .shapes import (
+    Shape,
+    children_counts,
+    load_shape,
+    parse_shape_literal,
+    shape_depth,
+    validate_shape,
+)
 
 
 def read_shape(shape: Shape | str) -> Shape:
@@ -38,7 +46,8 @@ def read_shape(shape: Shape | str) -> Shape:
 class SequoiaBuilder(TreeBuilder):
     budget: int = 16
     max_depth: int = 8
-    shape: Shape | str | None = None  # index paths, an inline literal or a JSON file; None = the DP shape
+    # index paths, an inline literal or a JSON file; None = the DP shape
+    shape: Shape | str | None = None
     name = "sequoia"
     children_mode = "without_replacement"
     paper = "Chen et al. 2024, Sequoia (Alg. 1, App. C.2.2)"
@@ -58,7 +67,8 @@ class SequoiaBuilder(TreeBuilder):
 
     @classmethod
     def from_params(cls, **params) -> "SequoiaBuilder":
-        if params.get("shape") is not None:  # a given shape sets the budget and depth it was made for
+        # a given shape sets the budget and depth it was made for
+        if params.get("shape") is not None:
             params["shape"] = paths = read_shape(params["shape"])
             params.setdefault("budget", len(paths))
             params.setdefault("max_depth", shape_depth(paths))
@@ -66,11 +76,16 @@ class SequoiaBuilder(TreeBuilder):
 
     def _check_fits(self) -> None:
         widest = max(self._counts.values())
-        for what, have, limit in (("nodes", len(self._paths), self.budget), ("levels", self.depth_limit, self.max_depth),
-                                  ("children at a node", widest, self.topk)):
+        for what, have, limit in (
+            ("nodes", len(self._paths), self.budget),
+            ("levels", self.depth_limit, self.max_depth),
+            ("children at a node", widest, self.topk),
+        ):
             if limit is not None and have > limit:
-                raise ArborError(f"the Sequoia shape has {have} {what}, more than the {limit} asked for: "
-                                 "drop the budget / max_depth / topk or give a shape that fits")
+                raise ArborError(
+                    f"the Sequoia shape has {have} {what}, more than the {limit} asked for: "
+                    "drop the budget / max_depth / topk or give a shape that fits"
+                )
 
     @property
     def depth_limit(self) -> int:

@@ -1,4 +1,5 @@
-"""Sequoia's dynamic program: the optimal tree shape for a positional acceptance vector (Chen et al. 2024, App. C.2).
+"""Sequoia's dynamic program: the optimal tree shape for a positional acceptance vector (Chen
+et al. 2024, App. C.2).
 
 Pure functions. The run-time builder (`builders/sequoia.py`) solves it once per
 (size, depth) for its default shape; `offline/calibrate.py` solves it for a
@@ -45,17 +46,19 @@ from .shapes import Shape, validate_shape
 # Geometric and decreasing (the shape a sampling-without-replacement verifier shows
 # in the Sequoia paper's measurements), summing to just under 1. First child 0.6 is
 # a middle-of-the-road draft; calibrate a pair (`offline/calibrate.py`) for its real vector.
-DEFAULT_ACCEPTANCE: tuple[float, ...] = tuple(0.6 * 0.4 ** k for k in range(16))
+DEFAULT_ACCEPTANCE: tuple[float, ...] = tuple(0.6 * 0.4**k for k in range(16))
 
 NEG = -np.inf
 
 
 @dataclass
 class DPTable:
-    """The solved dynamic program for sizes up to `max_nodes` (root included) and depths up to `max_depth`."""
+    """The solved dynamic program for sizes up to `max_nodes` (root included) and depths
+    up to `max_depth`."""
 
     p: np.ndarray  # [K] acceptance vector
-    best: np.ndarray  # [L+1, M+1] best F with m nodes (root incl.) and depth <= l; -inf if infeasible
+    # [L+1, M+1] best F with m nodes (root incl.) and depth <= l; -inf if infeasible
+    best: np.ndarray
     best_b: np.ndarray  # [L+1, M+1] root branching achieving `best`
     split: np.ndarray  # [L+1, K+1, M+1] argmax y of T(m, l, b)
 
@@ -68,14 +71,17 @@ class DPTable:
         return self.best.shape[0] - 1
 
     def score(self, size: int, depth: int) -> float:
-        """G(size, depth): best F of a tree with `size` draft nodes and depth <= `depth` (-inf if none)."""
+        """G(size, depth): best F of a tree with `size` draft nodes and depth <=
+        `depth` (-inf if none)."""
         return float(self.best[depth, size + 1])
 
 
 def check_acceptance(p: Sequence[float]) -> np.ndarray:
     arr = np.asarray(p, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
-        raise ArborError("the acceptance vector must be a non-empty list of probabilities p_1, p_2, ...")
+        raise ArborError(
+            "the acceptance vector must be a non-empty list of probabilities p_1, p_2, ..."
+        )
     if not np.all((arr >= 0) & (arr <= 1)):
         raise ArborError(f"acceptance probabilities must lie in [0, 1], got {arr.tolist()}")
     return arr
@@ -99,8 +105,12 @@ def solve(p: Sequence[float], max_nodes: int, max_depth: int) -> DPTable:
         t_prev = np.full(m_max + 1, NEG)
         t_prev[1] = 1.0  # T(m, level, 0)
         for b in range(1, k_max + 1):
-            branch = np.where(np.isfinite(sub), p[b - 1] * np.where(np.isfinite(sub), sub, 0.0), NEG)
-            cand = np.where(valid, t_prev[np.clip(y_idx, 0, m_max)] + branch[np.clip(rest, 0, m_max)], NEG)
+            branch = np.where(
+                np.isfinite(sub), p[b - 1] * np.where(np.isfinite(sub), sub, 0.0), NEG
+            )
+            cand = np.where(
+                valid, t_prev[np.clip(y_idx, 0, m_max)] + branch[np.clip(rest, 0, m_max)], NEG
+            )
             t_cur = cand.max(axis=1)  # [M+1]
             split[level, b] = cand.argmax(axis=1)
             better = t_cur > best[level]
@@ -128,7 +138,8 @@ def rebuild(table: DPTable, nodes: int, depth: int) -> Shape:
 
 
 def optimal_shape(p: Sequence[float], size: int, depth: int | None = None) -> tuple[Shape, float]:
-    """The shape with `size` draft nodes (root excluded) and depth <= `depth` maximising F; returns (shape, F).
+    """The shape with `size` draft nodes (root excluded) and depth <= `depth` maximising
+    F; returns (shape, F).
 
     `depth=None` is the unbounded variant (depth = size).
     """
@@ -139,14 +150,16 @@ def optimal_shape(p: Sequence[float], size: int, depth: int | None = None) -> tu
     score = table.score(size, depth)
     if not np.isfinite(score):
         raise ArborError(
-            f"no tree of {size} nodes has depth <= {depth} with at most {len(table.p)} children per node "
-            f"(the acceptance vector's length): raise the depth or measure a longer vector"
+            f"no tree of {size} nodes has depth <= {depth} with at most {len(table.p)} "
+            "children per node (the acceptance vector's length): raise the depth or "
+            "measure a longer vector"
         )
     return rebuild(table, size + 1, depth), score
 
 
 def tree_score(shape: Shape, p: Sequence[float]) -> float:
-    """F(shape) = 1 + sum over nodes of prod p_{index+1} along the path; children beyond len(p) score 0."""
+    """F(shape) = 1 + sum over nodes of prod p_{index+1} along the path; children
+    beyond len(p) score 0."""
     p = check_acceptance(p)
     total = 1.0
     for path in validate_shape(shape):
@@ -177,7 +190,8 @@ def choose_size(
     max_size: int,
     max_depth: int,
 ) -> tuple[int, int]:
-    """Hardware-aware (size, depth): argmax over n <= max_size, d <= max_depth of G(n, d) / (t(n+1) + d c).
+    """Hardware-aware (size, depth): argmax over n <= max_size, d <= max_depth of
+    G(n, d) / (t(n+1) + d c).
 
     `t(k)` is the target's forward time for k new tokens relative to one token
     (a callable, or a sequence indexed by k with t[1] = 1); a tree of n draft
@@ -198,7 +212,9 @@ def choose_size(
     return choice
 
 
-def predicted_speedup(p: Sequence[float], t: Callable[[int], float], c: float, size: int, depth: int) -> float:
+def predicted_speedup(
+    p: Sequence[float], t: Callable[[int], float], c: float, size: int, depth: int
+) -> float:
     """G(size, depth) / (t(size+1) + depth c): the speedup the hardware-aware model predicts."""
     table = solve(p, size + 1, depth)
     return table.score(size, depth) / (t(size + 1) + depth * c)

@@ -21,11 +21,15 @@ Shape = list[list[int]]
 
 def validate_shape(shape: Any, source: str = "shape") -> Shape:
     if not isinstance(shape, list) or not shape:
-        raise ArborError(f"{source}: a shape must be a non-empty list of index paths like [[0], [1], [0, 0]]")
+        raise ArborError(
+            f"{source}: a shape must be a non-empty list of index paths like [[0], [1], [0, 0]]"
+        )
     paths = []
     for p in shape:
         if not isinstance(p, list) or not p or not all(isinstance(i, int) and i >= 0 for i in p):
-            raise ArborError(f"{source}: {p!r} is not an index path (a non-empty list of integers >= 0)")
+            raise ArborError(
+                f"{source}: {p!r} is not an index path (a non-empty list of integers >= 0)"
+            )
         paths.append(tuple(p))
     seen = set(paths)
     if len(seen) != len(paths):
@@ -34,7 +38,9 @@ def validate_shape(shape: Any, source: str = "shape") -> Shape:
         if len(p) > 1 and p[:-1] not in seen:
             raise ArborError(f"{source}: path {list(p)} has no parent {list(p[:-1])} in the shape")
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in seen:
-            raise ArborError(f"{source}: path {list(p)} skips sibling {p[-1] - 1}: number siblings 0..k-1")
+            raise ArborError(
+                f"{source}: path {list(p)} skips sibling {p[-1] - 1}: number siblings 0..k-1"
+            )
     return [list(p) for p in sorted(paths, key=lambda q: (len(q), q))]
 
 
@@ -43,7 +49,9 @@ def parse_shape_literal(text: str) -> Shape:
     try:
         return validate_shape(json.loads(text), "shape")
     except json.JSONDecodeError as exc:
-        raise ArborError(f"shape {text!r} is not valid JSON ({exc.msg}): write it like [[0], [1], [0, 0]]") from None
+        raise ArborError(
+            f"shape {text!r} is not valid JSON ({exc.msg}): write it like [[0], [1], [0, 0]]"
+        ) from None
 
 
 def load_shape(path: str | Path) -> tuple[Shape, dict]:

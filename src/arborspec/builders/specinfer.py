@@ -1,4 +1,5 @@
-"""SpecInfer: `topk` independent draft sequences of `max_depth` tokens (Miao et al. 2024, "SpecInfer").
+"""SpecInfer: `topk` independent draft sequences of `max_depth` tokens (Miao et
+al. 2024, "SpecInfer").
 
 The root's `topk` children are i.i.d. draws *with replacement* from
 the draft distribution (duplicates are kept as separate nodes, each the start of
@@ -39,8 +40,10 @@ class SpecInferBuilder(TreeBuilder):
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)
         if self.sequences * self.length > self.budget:
-            raise ArborError(f"specinfer: {self.sequences} sequences x {self.length} tokens exceed the budget "
-                             f"of {self.budget} draft nodes: raise the budget or lower topk / max_depth")
+            raise ArborError(
+                f"specinfer: {self.sequences} sequences x {self.length} tokens exceed the budget "
+                f"of {self.budget} draft nodes: raise the budget or lower topk / max_depth"
+            )
 
     @classmethod
     def from_params(cls, **params) -> "SpecInferBuilder":
@@ -55,7 +58,9 @@ class SpecInferBuilder(TreeBuilder):
 
     @property
     def length(self) -> int:
-        return self.max_depth if self.max_depth is not None else max(1, self.budget // self.sequences)
+        return (
+            self.max_depth if self.max_depth is not None else max(1, self.budget // self.sequences)
+        )
 
     @property
     def depth_limit(self) -> int:
@@ -72,6 +77,11 @@ class SpecInferBuilder(TreeBuilder):
     def _draw(self, ctx: DraftContext, tree: TokenTree, node: int, n: int) -> list[int]:
         probs = ctx.probs(tree, [node])[0]
         tree.child_dists[node] = probs
-        draws = torch.multinomial(probs.to(ctx.generator.device), n, replacement=True, generator=ctx.generator)
+        draws = torch.multinomial(
+            probs.to(ctx.generator.device), n, replacement=True, generator=ctx.generator
+        )
         v = tree.values[node]
-        return [tree.add(node, int(y), value=v * float(probs[y]), draft_prob=float(probs[y])) for y in draws.tolist()]
+        return [
+            tree.add(node, int(y), value=v * float(probs[y]), draft_prob=float(probs[y]))
+            for y in draws.tolist()
+        ]

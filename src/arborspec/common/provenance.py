@@ -1,4 +1,5 @@
-"""What every file a tool writes records about where it was made: the machine, the versions and the time."""
+"""What every file a tool writes records about where it was made: the machine, the
+versions and the time."""
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ def versions() -> dict:
     """arborspec, torch and transformers versions."""
     import transformers
 
-    return {"arborspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        "arborspec": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def utc_timestamp() -> str:

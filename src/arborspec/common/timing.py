@@ -1,4 +1,5 @@
-"""One clock for every measurement in arborspec: wall seconds once the device's queued work is done."""
+"""One clock for every measurement in arborspec: wall seconds once the device's
+queued work is done."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import torch
 
 
 def clock(device: torch.device | str | None = None) -> float:
-    """`time.perf_counter()` after waiting for `device` (CUDA kernels run asynchronously; CPU needs no wait)."""
+    """`time.perf_counter()` after waiting for `device` (CUDA kernels run asynchronously;
+    CPU needs no wait)."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device | str | None = None,
-                   warmup: int = 0) -> float:
+def median_seconds(
+    fn: Callable[[], object],
+    repeats: int,
+    device: torch.device | str | None = None,
+    warmup: int = 0,
+) -> float:
     """Median wall time of `fn()` over `repeats` timed calls, after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()

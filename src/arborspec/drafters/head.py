@@ -31,8 +31,8 @@ product with int8 weights and per-row activation scales (`engine/int8.int8_rows_
 about a quarter of the float32 product's memory traffic. It is draft-side precision: the
 draft distribution changes a little, the output distribution not at all (the verifiers
 read the target's logits, and a sampled tree records the distribution it actually drew
-from). `load_head(int8_logits=True)` turns it on; `int8_layers=True` (`quantize_layers`) runs `fc` and
-the decoder layer's linears through the same kernel. Both are the default of CPU pairs
+from). `load_head(int8_logits=True)` turns it on; `int8_layers=True` (`quantize_layers`) runs `fc`
+and the decoder layer's linears through the same kernel. Both are the default of CPU pairs
 (`models.load_pair`, `--draft-logits auto`); docs/algorithms.md §6 has what they cost and change.
 
 Files: `head.safetensors` (fc, the layer, the norm, `vocab_ids`) and
@@ -69,7 +69,8 @@ CONFIG_FILE = "head.json"
 
 
 def target_fingerprint(target_model) -> str:
-    """A short hash of the target's input embedding (tells two targets with the same vocabulary apart)."""
+    """A short hash of the target's input embedding (tells two targets with the same
+    vocabulary apart)."""
     emb = materialised(target_model.get_input_embeddings())
     rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float16).contiguous()
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
@@ -85,15 +86,19 @@ def _one_layer_config(target_config):
 
 
 class DraftHead(nn.Module):
-    """fc + one decoder layer + norm of the target's architecture; the target's embedding and LM head by reference."""
+    """fc + one decoder layer + norm of the target's architecture; the target's embedding and LM
+    head by reference."""
 
     def __init__(self, target_model, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         tcfg = target_model.config
         self.hidden_size = tcfg.hidden_size
         self.vocab_size = target_model.get_output_embeddings().weight.shape[0]
-        self.body = AutoModel.from_config(_one_layer_config(tcfg), attn_implementation="sdpa",
-                                          dtype=target_model.get_input_embeddings().weight.dtype)
+        self.body = AutoModel.from_config(
+            _one_layer_config(tcfg),
+            attn_implementation="sdpa",
+            dtype=target_model.get_input_embeddings().weight.dtype,
+        )
         self.body.embed_tokens = None  # inputs are built by `fc`; the embedding is the target's
         self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size, bias=False)
         ids = torch.arange(self.vocab_size) if vocab_ids is None else vocab_ids.long()
@@ -111,14 +116,22 @@ class DraftHead(nn.Module):
         self.body.norm.load_state_dict(tgt.norm.state_dict())
 
     def refresh_lm_rows(self) -> None:
-        """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the head's cheap logits)."""
+        """Copy the LM-head rows of the draft vocabulary (a [K, H] matrix: the
+        head's cheap logits)."""
         lm, device = self._target[1], self.vocab_ids.device
-        weight, bias = materialised(lm), materialised(lm, "bias")  # an offloaded head's weights: from its hook
+        # an offloaded head's weights: from its hook
+        weight, bias = materialised(lm), materialised(lm, "bias")
         ids = self.vocab_ids.to(weight.device)
-        # derived from the target: non-persistent buffers (never saved, moved and cast with the head)
-        self.register_buffer("lm_rows", weight.detach().index_select(0, ids).to(device), persistent=False)
-        self.register_buffer("lm_bias", None if bias is None else bias.detach().index_select(0, ids).to(device),
-                             persistent=False)
+        # derived from the target: non-persistent buffers (never saved, moved and cast with the
+        # head)
+        self.register_buffer(
+            "lm_rows", weight.detach().index_select(0, ids).to(device), persistent=False
+        )
+        self.register_buffer(
+            "lm_bias",
+            None if bias is None else bias.detach().index_select(0, ids).to(device),
+            persistent=False,
+        )
         self.full_vocab = self.vocab_ids.numel() == self.vocab_size
         if getattr(self, "_int8_rows", None) is not None:  # int8 logits follow the new rows
             self._int8_rows = pack_int8_weight(self.lm_rows)
@@ -126,18 +139,25 @@ class DraftHead(nn.Module):
             self._int8_rows = None  # set by `quantize_logits`
 
     def quantize_logits(self) -> "DraftHead":
-        """Compute draft logits with int8 weights and per-row activation scales (CPU; module doc)."""
+        """Compute draft logits with int8 weights and per-row activation scales
+        (CPU; module doc)."""
         if self.lm_rows.device.type != "cpu":
-            raise ArborError("int8 draft logits run on CPU only (fbgemm kernels): load the head without int8_logits")
+            raise ArborError(
+                "int8 draft logits run on CPU only (fbgemm kernels): load the "
+                "head without int8_logits"
+            )
         self._int8_rows = pack_int8_weight(self.lm_rows)
         return self
 
     def quantize_layers(self) -> "DraftHead":
-        """Run `fc` and the decoder layer's linears with int8 weights and per-row activation scales, as the int8
-        target does (`engine/int8.swap_linears`, without its smoothing: draft-side precision changes the
-        acceptance rate only). CPU only; a head so quantised drafts, but can no longer be trained or saved."""
+        """Run `fc` and the decoder layer's linears with int8 weights and per-row activation scales,
+        as the int8 target does (`engine/int8.swap_linears`, without its smoothing: draft-side
+        precision changes the acceptance rate only). CPU only; a head so quantised drafts, but can
+        no longer be trained or saved."""
         if self.vocab_ids.device.type != "cpu":
-            raise ArborError("an int8 draft head runs on CPU only (fbgemm kernels): load the head without int8")
+            raise ArborError(
+                "an int8 draft head runs on CPU only (fbgemm kernels): load the head without int8"
+            )
         swap_linears(self)
         self.int8_layers = True
         return self
@@ -149,14 +169,21 @@ class DraftHead(nn.Module):
     # ------------------------------------------------------------------ forward
     def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """`tokens` [B, L], previous-token features `feats` [B, L, H] -> layer inputs [B, L, H]."""
-        emb = self._target[0](tokens.to(execution_device(self._target[0])))  # its hook fetches an offloaded table
+        # its hook fetches an offloaded table
+        emb = self._target[0](tokens.to(execution_device(self._target[0])))
         return self.fc(torch.cat([emb.to(feats.device, feats.dtype), feats], dim=-1))
 
-    def forward(self, tokens, feats, position_ids=None, attention_mask=None, past_key_values=None) -> torch.Tensor:
+    def forward(
+        self, tokens, feats, position_ids=None, attention_mask=None, past_key_values=None
+    ) -> torch.Tensor:
         """Predicted features f^ [B, L, H] (after the final norm)."""
-        out = self.body(inputs_embeds=self.inputs(tokens, feats), attention_mask=attention_mask,
-                        position_ids=position_ids, **cache_kwargs(self.body, past_key_values),
-                        use_cache=past_key_values is not None)
+        out = self.body(
+            inputs_embeds=self.inputs(tokens, feats),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **cache_kwargs(self.body, past_key_values),
+            use_cache=past_key_values is not None,
+        )
         return out.last_hidden_state
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -166,7 +193,8 @@ class DraftHead(nn.Module):
         return nn.functional.linear(hidden, self.lm_rows, self.lm_bias)
 
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, V] float32 logits; tokens outside the draft vocabulary get -inf (draft probability 0)."""
+        """[N, V] float32 logits; tokens outside the draft vocabulary get -inf
+        (draft probability 0)."""
         small = self.draft_logits(hidden).float()
         if self.full_vocab:
             return small
@@ -174,21 +202,38 @@ class DraftHead(nn.Module):
         return out.index_copy_(1, self.vocab_ids, small)
 
     # ------------------------------------------------------------------ files
-    def save(self, out_dir: str | Path, target_name: str, target_model, extra: dict | None = None,
-             weights_dtype: torch.dtype | None = None) -> Path:
-        """Write head.safetensors (floating weights in `weights_dtype`, default as trained) + head.json."""
+    def save(
+        self,
+        out_dir: str | Path,
+        target_name: str,
+        target_model,
+        extra: dict | None = None,
+        weights_dtype: torch.dtype | None = None,
+    ) -> Path:
+        """Write head.safetensors (floating weights in `weights_dtype`, default as
+        trained) + head.json."""
         if self.int8_layers:
-            raise ArborError("this draft head runs int8 layers (loaded with int8): save the float head it was loaded from")
+            raise ArborError(
+                "this draft head runs int8 layers (loaded with int8): save the float "
+                "head it was loaded from"
+            )
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         if weights_dtype is not None:
-            state = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in state.items()}
+            state = {
+                k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in state.items()
+            }
         save_tensors_atomic(state, out / WEIGHTS_FILE, metadata={"format": HEAD_FORMAT})
         meta = {
-            "format": HEAD_FORMAT, "version": HEAD_VERSION, "target": target_name,
-            "target_model_type": target_model.config.model_type, "target_fingerprint": target_fingerprint(target_model),
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "draft_vocab_size": int(self.vocab_ids.numel()),
+            "format": HEAD_FORMAT,
+            "version": HEAD_VERSION,
+            "target": target_name,
+            "target_model_type": target_model.config.model_type,
+            "target_fingerprint": target_fingerprint(target_model),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "draft_vocab_size": int(self.vocab_ids.numel()),
             **(extra or {}),
         }
         write_json_atomic(meta, out / CONFIG_FILE, indent=2)
@@ -198,7 +243,10 @@ class DraftHead(nn.Module):
 def read_head_config(head_dir: str | Path) -> dict:
     path = Path(head_dir) / CONFIG_FILE
     if not path.is_file() or not (Path(head_dir) / WEIGHTS_FILE).is_file():
-        raise ArborError(f"{head_dir} is not a draft head directory ({CONFIG_FILE} + {WEIGHTS_FILE}): train one with `arborspec train-head`")
+        raise ArborError(
+            f"{head_dir} is not a draft head directory ({CONFIG_FILE} + {WEIGHTS_FILE}): train one "
+            "with `arborspec train-head`"
+        )
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -208,23 +256,35 @@ def read_head_config(head_dir: str | Path) -> dict:
     return meta
 
 
-def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = None,
-              int8_logits: bool = False, int8_layers: bool = False) -> DraftHead:
+def load_head(
+    head_dir: str | Path,
+    target_model,
+    dtype: torch.dtype | None = None,
+    int8_logits: bool = False,
+    int8_layers: bool = False,
+) -> DraftHead:
     """Load a head for `target_model`; a head made for another target or vocabulary is refused.
-    `int8_logits`: draft logits with int8 weights; `int8_layers`: fc and the decoder layer in int8 too
-    (CPU; see the module doc)."""
+    `int8_logits`: draft logits with int8 weights; `int8_layers`: fc and the decoder layer in int8
+    too (CPU; see the module doc)."""
     from safetensors.torch import load_file
 
     meta = read_head_config(head_dir)
     vocab = target_model.get_output_embeddings().weight.shape[0]
-    if meta.get("vocab_size") != vocab or meta.get("hidden_size") != target_model.config.hidden_size:
+    if (
+        meta.get("vocab_size") != vocab
+        or meta.get("hidden_size") != target_model.config.hidden_size
+    ):
         raise ArborError(
-            f"draft head {head_dir} was trained for a target with vocabulary {meta.get('vocab_size')} and hidden size "
-            f"{meta.get('hidden_size')}, this target has {vocab} and {target_model.config.hidden_size}: "
-            "train a head for this target with `arborspec train-head`")
+            f"draft head {head_dir} was trained for a target with vocabulary "
+            f"{meta.get('vocab_size')} and hidden size {meta.get('hidden_size')}, this target has "
+            f"{vocab} and {target_model.config.hidden_size}: train a head for this target with "
+            "`arborspec train-head`"
+        )
     if meta.get("target_fingerprint") != target_fingerprint(target_model):
-        raise ArborError(f"draft head {head_dir} was trained for another target ({meta.get('target')!r}): "
-                         "train a head for this target with `arborspec train-head`")
+        raise ArborError(
+            f"draft head {head_dir} was trained for another target ({meta.get('target')!r}): "
+            "train a head for this target with `arborspec train-head`"
+        )
     state = load_file(str(Path(head_dir) / WEIGHTS_FILE))
     head = DraftHead(target_model, vocab_ids=state["vocab_ids"])
     head.load_state_dict(state)
@@ -239,7 +299,8 @@ def load_head(head_dir: str | Path, target_model, dtype: torch.dtype | None = No
 
 
 class HeadDrafter(Drafter):
-    """Runs a `DraftHead` for the tree builders, fed by the target's features of the committed tokens.
+    """Runs a `DraftHead` for the tree builders, fed by the target's features of
+    the committed tokens.
 
     Head cache row r holds token x_r with feature f_{r-1}. `observe` receives
     target features in commit order; `begin` feeds every committed token whose
@@ -263,7 +324,8 @@ class HeadDrafter(Drafter):
         self.feats: list[torch.Tensor] = []  # target features f_0, f_1, ... of committed tokens
         self.base = 0
         self.rows: dict[tuple[int, ...], int] = {}  # token path from the root -> head cache row
-        self.pred: dict[tuple[int, ...], torch.Tensor] = {}  # token path -> predicted feature of that node
+        # token path -> predicted feature of that node
+        self.pred: dict[tuple[int, ...], torch.Tensor] = {}
 
     def observe(self, features: torch.Tensor) -> None:
         if features.numel():
@@ -274,11 +336,23 @@ class HeadDrafter(Drafter):
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def _rows(self, tokens: list[int], feats: torch.Tensor, positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+    def _rows(
+        self,
+        tokens: list[int],
+        feats: torch.Tensor,
+        positions: list[int],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         t0 = clock()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).view(1, -1)
-        hidden = self.head(ids, feats.unsqueeze(0), position_ids=pos, attention_mask=mask, past_key_values=self.cache)[0]
+        hidden = self.head(
+            ids,
+            feats.unsqueeze(0),
+            position_ids=pos,
+            attention_mask=mask,
+            past_key_values=self.cache,
+        )[0]
         self.forward_time += clock(self.device) - t0
         self.forwards += 1
         return hidden
@@ -287,7 +361,9 @@ class HeadDrafter(Drafter):
         self.forward_time, self.forwards = 0.0, 0
         n = len(committed)
         if len(self.feats) < n - 1:
-            raise RuntimeError(f"head drafter has {len(self.feats)} target features for {n} committed tokens")
+            raise RuntimeError(
+                f"head drafter has {len(self.feats)} target features for {n} committed tokens"
+            )
         start = self.cache_len
         zero = torch.zeros(self.head.hidden_size, device=self.device, dtype=self.dtype)
         prev = [self.feats[r - 1] if r > 0 else zero for r in range(start, n)]

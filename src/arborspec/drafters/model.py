@@ -1,4 +1,5 @@
-"""`ModelDrafter`: draft logits from a Hugging Face draft model (the `Drafter` contract is in `engine/contracts.py`).
+"""`ModelDrafter`: draft logits from a Hugging Face draft model (the `Drafter` contract is in
+`engine/contracts.py`).
 
 The drafter follows the committed sequence across steps. Tree nodes are fed
 depth by depth: one forward per call, with a tree mask over the draft's own KV
@@ -17,12 +18,14 @@ from ..engine.contracts import Drafter
 from ..engine.tree import TokenTree
 
 
-def tree_rows_allowed(tree: TokenTree, nodes: list[int], base: int, past: int,
-                      row_of: dict[tuple[int, ...], int]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+def tree_rows_allowed(
+    tree: TokenTree, nodes: list[int], base: int, past: int, row_of: dict[tuple[int, ...], int]
+) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
     """Attention pattern of a draft cache forward feeding `nodes` as rows `past, past + 1, ...`.
 
-    Each row sees the committed rows `[0, base)`, the cache rows of its ancestors (`row_of`: token path
-    -> cache row, filled as nodes are fed) and itself. Returns `[K, past + K]` bool and the nodes' paths.
+    Each row sees the committed rows `[0, base)`, the cache rows of its ancestors (`row_of`: token
+    path -> cache row, filled as nodes are fed) and itself. Returns `[K, past + K]` bool
+    and the nodes' paths.
     """
     k = len(nodes)
     allowed = torch.zeros(k, past + k, dtype=torch.bool)
@@ -30,7 +33,8 @@ def tree_rows_allowed(tree: TokenTree, nodes: list[int], base: int, past: int,
     paths = [tuple(tree.path_tokens(n)) for n in nodes]
     for row, path in enumerate(paths):
         for d in range(1, len(path)):
-            allowed[row, row_of[path[:d]]] = True  # KeyError here = contract broken (ancestor not expanded)
+            # KeyError here = contract broken (ancestor not expanded)
+            allowed[row, row_of[path[:d]]] = True
         allowed[row, past + row] = True
     return allowed, paths
 
@@ -60,7 +64,7 @@ class ModelDrafter(Drafter):
         self.forward_time, self.forwards = 0.0, 0
         if self.lm.cache_len >= len(committed):  # never expected, but keep the root's row fresh
             self.lm.crop_to(len(committed) - 1)
-        pending = torch.tensor(committed[self.lm.cache_len:], dtype=torch.long)
+        pending = torch.tensor(committed[self.lm.cache_len :], dtype=torch.long)
         t0 = clock()
         logits = self.lm.prefill(pending)
         self._tick(t0)

@@ -1,4 +1,5 @@
-"""`NgramDrafter`: model-free drafting from the context itself (prompt-lookup decoding, generalised to trees).
+"""`NgramDrafter`: model-free drafting from the context itself (prompt-lookup decoding,
+generalised to trees).
 
 It matches the longest suffix of the context against earlier context and turns
 the continuations it finds into a next-token distribution, so any target can be
@@ -46,7 +47,8 @@ class NgramDrafter(Drafter):
         total_weight = 0.0
         for n in range(min(self.max_n, len(context) - 1), 0, -1):
             suffix = context[-n:]
-            windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # windows ending before the last token
+            # windows ending before the last token
+            windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)
             hits = np.nonzero((windows == suffix).all(axis=1))[0]
             if hits.size == 0:
                 continue

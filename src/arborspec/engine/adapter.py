@@ -1,4 +1,5 @@
-"""A thin adapter over an *unmodified* Hugging Face causal LM: prefill, tree forwards, KV compaction.
+"""A thin adapter over an *unmodified* Hugging Face causal LM: prefill, tree
+forwards, KV compaction.
 
 Tree attention needs no forked modelling code (docs/algorithms.md §4,
 with its traps): we pass a 4D additive mask `[1, 1, N, P + N]` in the
@@ -25,7 +26,8 @@ from .tree import TokenTree, additive_mask
 
 
 def decoder_hidden(output) -> torch.Tensor:
-    """`[B, N, H]` last hidden states (after the final norm) from a decoder's forward output (tuple or ModelOutput)."""
+    """`[B, N, H]` last hidden states (after the final norm) from a decoder's forward output
+    (tuple or ModelOutput)."""
     return output[0] if isinstance(output, tuple) else output.last_hidden_state
 
 
@@ -36,18 +38,22 @@ class ModelAdapter:
         self.model = model
         self.config = model.config
         self.dtype = next(model.parameters()).dtype
-        self.device = execution_device(model)  # not model.device: `meta` when the first weights are offloaded
+        # not model.device: `meta` when the first weights are offloaded
+        self.device = execution_device(model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-        self.new_cache = new_cache  # model -> an empty cache (engine/kv_cache.py); benchmarks may swap it
+        # model -> an empty cache (engine/kv_cache.py); benchmarks may swap it
+        self.new_cache = new_cache
         self.cache = new_cache(model)
         self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
         self._hook = None
-        self.head = HeadRows(model)  # logits from hidden rows (engine/lm_head.py); else the model's own logits
+        # logits from hidden rows (engine/lm_head.py); else the model's own logits
+        self.head = HeadRows(model)
 
     # ------------------------------------------------------------------ features
     def capture_hidden(self, on: bool = True) -> None:
-        """Keep the decoder's last hidden states (after the final norm) of every forward in `last_hidden`.
+        """Keep the decoder's last hidden states (after the final norm) of every
+        forward in `last_hidden`.
 
         A forward hook on the model's decoder reads what the model computes anyway:
         no second LM-head pass and no `output_hidden_states` over every layer.
@@ -67,11 +73,12 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------ compilation
     def compile(self) -> None:
-        """Run the model's decoder through `torch.compile` (dynamic shapes) from now on: the same modules and
-        weights, fewer Python operations per forward. The first forwards of each kind (one row, several rows)
-        pay the compilation; a one-off of tens of seconds to minutes on a CPU, so it is a choice (`--compile`,
-        docs/algorithms.md §7). Everything that runs the model, plain decoding and `transformers` `generate`
-        included, then runs the compiled decoder, so comparisons stay like for like."""
+        """Run the model's decoder through `torch.compile` (dynamic shapes) from now on: the same
+        modules and weights, fewer Python operations per forward. The first forwards of each kind
+        (one row, several rows) pay the compilation; a one-off of tens of seconds to minutes on a
+        CPU, so it is a choice (`--compile`, docs/algorithms.md §7). Everything that runs the
+        model, plain decoding and `transformers` `generate` included, then runs the compiled
+        decoder, so comparisons stay like for like."""
         decoder = self.model.get_decoder()
         if not getattr(decoder, "_arborspec_compiled", False):
             decoder.forward = torch.compile(decoder.forward, dynamic=True)
@@ -100,30 +107,48 @@ class ModelAdapter:
     ) -> torch.Tensor:  # [K, V] float32
         if self.head.supported:
             hidden = self.hidden_forward(input_ids, position_ids, mask)
-            return self.head.logits(hidden if logits_rows is None else hidden[logits_rows.to(self.device)])
+            return self.head.logits(
+                hidden if logits_rows is None else hidden[logits_rows.to(self.device)]
+            )
         ids = input_ids.to(self.device).view(1, -1)
         keep = 0 if logits_rows is None else logits_rows.to(self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
-                         **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=keep)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=self._positions(ids, position_ids),
+            **cache_kwargs(self.model, self.cache),
+            use_cache=True,
+            logits_to_keep=keep,
+        )
         self._check_cache_layout()
         return out.logits[0].float()
 
     @torch.inference_mode()
-    def hidden_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                       mask: torch.Tensor | None = None) -> torch.Tensor:  # [N, H]
+    def hidden_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [N, H]
         """The decoder alone (no LM head): last hidden states of the fed tokens, cache extended."""
         ids = input_ids.to(self.device).view(1, -1)
         decoder = self.model.get_decoder()
-        out = decoder(input_ids=ids, attention_mask=mask, position_ids=self._positions(ids, position_ids),
-                      **cache_kwargs(decoder, self.cache), use_cache=True)
+        out = decoder(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=self._positions(ids, position_ids),
+            **cache_kwargs(decoder, self.cache),
+            use_cache=True,
+        )
         self._check_cache_layout()
         return decoder_hidden(out)[0]
 
     @torch.inference_mode()
     def features_along(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), H]
-        """The last hidden states (after the final norm) of every token of a finished sequence, from one forward
-        of the decoder that leaves the cache alone: what a drafter with `uses_target_features` reads (`observe`),
-        for the offline tools that run a drafter along a sequence instead of inside the step loop."""
+        """The last hidden states (after the final norm) of every token of a finished sequence, from
+        one forward of the decoder that leaves the cache alone: what a drafter with
+        `uses_target_features` reads (`observe`), for the offline tools that run a drafter along a
+        sequence instead of inside the step loop."""
         decoder = self.model.get_decoder()
         out = decoder(input_ids=torch.tensor([input_ids], device=self.device), use_cache=False)
         return decoder_hidden(out)[0]
@@ -139,14 +164,16 @@ class ModelAdapter:
         return self.feed(input_ids)[0]
 
     def feed(self, input_ids: torch.Tensor) -> torch.Tensor | LazyLogits:
-        """Feed a plain chunk after the cache; the last row's logits on demand (`LazyLogits` of one row:
-        nothing computed unless read, its greedy token screened), or `[1, V]` logits where the model's
-        head does not allow it."""
+        """Feed a plain chunk after the cache; the last row's logits on demand (`LazyLogits` of
+        one row: nothing computed unless read, its greedy token screened), or `[1, V]` logits where
+        the model's head does not allow it."""
         if self.head.supported:
             return LazyLogits(self.hidden_forward(input_ids)[-1:], self.head)
         return self.forward(input_ids, logits_rows=torch.tensor([input_ids.numel() - 1]))
 
-    def tree_forward(self, tree: TokenTree, lazy: bool = False) -> torch.Tensor | LazyLogits:  # [N, V]
+    def tree_forward(
+        self, tree: TokenTree, lazy: bool = False
+    ) -> torch.Tensor | LazyLogits:  # [N, V]
         """Feed every tree node (root first) with tree attention; return logits for all nodes.
 
         `lazy`: return `LazyLogits`, whose rows are computed when the verifier reads them
@@ -156,7 +183,9 @@ class ModelAdapter:
         mask = tree.attention_mask(past, self.dtype, self.device)
         ids = torch.tensor(tree.tokens, dtype=torch.long)
         if lazy and self.head.supported:
-            return LazyLogits(self.hidden_forward(ids, tree.position_ids(past, self.device), mask), self.head)
+            return LazyLogits(
+                self.hidden_forward(ids, tree.position_ids(past, self.device), mask), self.head
+            )
         return self.forward(ids, tree.position_ids(past, self.device), mask)
 
     def nodes_forward(
@@ -166,7 +195,8 @@ class ModelAdapter:
         allowed: torch.Tensor,  # [K, P + K] bool over (cache + these K tokens)
         logits_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Feed K tokens with an arbitrary attention pattern (the draft's depth-by-depth tree forward)."""
+        """Feed K tokens with an arbitrary attention pattern (the draft's
+        depth-by-depth tree forward)."""
         mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(0)
         return self.forward(torch.tensor(tokens, dtype=torch.long), pos, mask, logits_rows)
@@ -174,7 +204,8 @@ class ModelAdapter:
     # ------------------------------------------------------------------ compaction
     @torch.inference_mode()
     def compact(self, start: int, slots: list[int]) -> None:
-        """Keep cache rows `slots` (ascending, all >= start) at `start, start+1, ...`; drop everything after.
+        """Keep cache rows `slots` (ascending, all >= start) at `start, start+1, ...`;
+        drop everything after.
 
         Rows before `start` are untouched. This is the O(k) copy + crop of the notes.
         """
@@ -197,5 +228,6 @@ class ModelAdapter:
         if not all(type(layer) in CACHE_LAYERS for layer in self.cache.layers):
             raise ArborError(
                 f"{type(self.model).__name__} uses a sliding-window or otherwise special KV cache; "
-                "arborspec supports full-attention causal LMs (Llama, Qwen2, Mistral without sliding window, ...)"
+                "arborspec supports full-attention causal LMs (Llama, Qwen2, Mistral without "
+                "sliding window, ...)"
             )

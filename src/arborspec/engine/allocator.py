@@ -43,7 +43,8 @@ def release_free_memory() -> bool:
 
 
 class PeriodicTrim:
-    """Call `release_free_memory` each time `every` more tokens have been committed (CPU generations only)."""
+    """Call `release_free_memory` each time `every` more tokens have been committed (CPU
+    generations only)."""
 
     def __init__(self, device, every: int = TRIM_EVERY) -> None:
         self.active = str(device).startswith("cpu") and _TRIM is not None

@@ -1,5 +1,5 @@
-"""The two contracts the step loop consumes: `Drafter` (where draft logits come from) and `TreeBuilder`
-(how a tree is grown from them, drawing through a `DraftContext`).
+"""The two contracts the step loop consumes: `Drafter` (where draft logits come from) and
+`TreeBuilder` (how a tree is grown from them, drawing through a `DraftContext`).
 
 The engine's decode loop is written against these classes only; the implementations live one
 layer up, in `drafters/` (a draft model, the n-gram drafter) and `builders/` (one file per
@@ -32,7 +32,8 @@ from .tree import ChildrenMode, TokenTree
 
 
 class Drafter(ABC):
-    """Answers, for any node of the tree being built, "what does the draft predict after the path to it?".
+    """Answers, for any node of the tree being built, "what does the draft predict
+    after the path to it?".
 
     Contract: `expand(tree, nodes)` is only called for nodes whose ancestors were expanded
     before (a node's parent is always expanded: its children were drawn from the parent's
@@ -42,11 +43,13 @@ class Drafter(ABC):
     vocab_size: int
     forward_time: float = 0.0  # seconds spent in draft forwards since the last `begin`
     forwards: int = 0
-    uses_target_features: bool = False  # True: the engine calls `observe` with the target's last hidden states
+    # True: the engine calls `observe` with the target's last hidden states
+    uses_target_features: bool = False
 
     @abstractmethod
     def begin(self, committed: list[int]) -> torch.Tensor:
-        """Sync with the committed tokens (the last one is the tree root); return the root's logits `[V]`."""
+        """Sync with the committed tokens (the last one is the tree root); return the
+        root's logits `[V]`."""
 
     @abstractmethod
     def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
@@ -66,13 +69,17 @@ class Drafter(ABC):
         """
 
     def observe_sequence(self, target, ids: list[int]) -> None:
-        """Outside the step loop (the cost curve's timing, calibration, C2T data): a drafter that reads the target's
-        features observes those of every token of `ids`, from one forward of `target` (a `ModelAdapter`:
-        `features_along`); any other drafter ignores the call. Call it after `reset`."""
+        """Outside the step loop (the cost curve's timing, calibration, C2T data): a drafter that
+        reads the target's features observes those of every token of `ids`, from one forward of
+        `target` (a `ModelAdapter`: `features_along`); any other drafter ignores the call.
+        Call it after `reset`."""
         if not self.uses_target_features:
             return
         if target is None:
-            raise ValueError("a drafter that reads the target's features needs the target to run along the sequence")
+            raise ValueError(
+                "a drafter that reads the target's features needs the target to "
+                "run along the sequence"
+            )
         self.observe(target.features_along(ids))
 
     @property
@@ -81,7 +88,8 @@ class Drafter(ABC):
 
     @property
     def cache_len(self) -> int:
-        """Tokens in the drafter's KV cache between steps (never more than the committed ones); 0 without one."""
+        """Tokens in the drafter's KV cache between steps (never more than the committed
+        ones); 0 without one."""
         return 0
 
 
@@ -96,12 +104,23 @@ class DraftContext:
     threshold variants comparable).
     """
 
-    def __init__(self, drafter: Drafter, cfg: SamplingConfig, generator: torch.Generator, root_logits: torch.Tensor,
-                 cost: CostCurve | None = None, acceptance: AcceptanceModel | None = None):
+    def __init__(
+        self,
+        drafter: Drafter,
+        cfg: SamplingConfig,
+        generator: torch.Generator,
+        root_logits: torch.Tensor,
+        cost: CostCurve | None = None,
+        acceptance: AcceptanceModel | None = None,
+    ):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
-        self.cost = cost  # the measured step cost curve, for builders that size trees by it (budget=auto)
-        self.acceptance = acceptance  # the generation's online acceptance model (engine/acceptance.py), if any
-        self.step_seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        # the measured step cost curve, for builders that size trees by it (budget=auto)
+        self.cost = cost
+        # the generation's online acceptance model (engine/acceptance.py), if any
+        self.acceptance = acceptance
+        self.step_seed = int(
+            torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)
+        )
         self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
         self.vocab_size = root_logits.shape[-1]
 
@@ -119,10 +138,14 @@ class DraftContext:
         """Whether `probs(tree, [node])` is already known this step (no draft forward needed)."""
         return tuple(tree.path_tokens(node)) in self._probs
 
-    def gumbel(self, tree: TokenTree, node: int, size: int | None = None) -> torch.Tensor:  # [size or V]
-        """`size` draws keyed by the node's path (default: one per vocabulary entry; a builder asks for
-        one per support token of the node's draft distribution, `sampling.sample_without_replacement`)."""
-        if self.cfg.ordered_draws:  # no noise: the draws are the most likely tokens in order (sampling.py)
+    def gumbel(
+        self, tree: TokenTree, node: int, size: int | None = None
+    ) -> torch.Tensor:  # [size or V]
+        """`size` draws keyed by the node's path (default: one per vocabulary entry; a builder asks
+        for one per support token of the node's draft distribution,
+        `sampling.sample_without_replacement`)."""
+        # no noise: the draws are the most likely tokens in order (sampling.py)
+        if self.cfg.ordered_draws:
             return torch.zeros(size or self.vocab_size)
         key = hash((self.step_seed, tuple(tree.path_tokens(node)))) & ((1 << 63) - 1)
         gen = torch.Generator().manual_seed(key)
@@ -136,7 +159,8 @@ class TreeBuilder(ABC):
     One vocabulary for the size of a tree, accepted by every builder:
 
     * `budget`: draft nodes per step, the most a tree may hold (root excluded);
-    * `max_depth`: the deepest a tree may grow (`None`: the builder's own rule, bounded by the budget);
+    * `max_depth`: the deepest a tree may grow (`None`: the builder's own rule,
+      bounded by the budget);
     * `topk`: children per expanded node (`None`: the builder's own rule).
 
     Fields hold what was asked for and keep their type; derived values are properties.
@@ -178,5 +202,7 @@ class TreeBuilder(ABC):
         return cls(**params)
 
     def describe(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr)
+        fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr
+        )
         return f"{self.name}({fields})"

@@ -50,14 +50,17 @@ class DecodeConfig:
             raise ArborError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
-def check_context(prompt_len: int, cfg: DecodeConfig, limit: int, extra: int = 0, who: str = "target") -> None:
+def check_context(
+    prompt_len: int, cfg: DecodeConfig, limit: int, extra: int = 0, who: str = "target"
+) -> None:
     if prompt_len < 1:
         raise ArborError("the prompt is empty: give at least one token of text")
     need = prompt_len + cfg.max_new_tokens + extra
     if need > limit:
         raise ArborError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({cfg.max_new_tokens}) + tree depth ({extra}) "
-            f"exceeds the {who}'s context of {limit} positions: shorten the prompt or lower --max-new-tokens"
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({cfg.max_new_tokens}) + tree depth "
+            f"({extra}) exceeds the {who}'s context of {limit} positions: shorten the prompt or "
+            "lower --max-new-tokens"
         )
 
 
@@ -71,11 +74,15 @@ def _finish(new: list[int], out: list[int], cfg: DecodeConfig) -> tuple[list[int
     return new, ("length" if len(out) + len(new) >= cfg.max_new_tokens else None)
 
 
-MIN_OVERHEAD_STEPS = 4  # steps a generation needs before its per-step overhead is taken into the cost curve
+# steps a generation needs before its per-step overhead is taken into the cost curve
+MIN_OVERHEAD_STEPS = 4
 
 
-def examined_children(tree: TokenTree, result: VerifyResult) -> tuple[list[int], list[bool], list[int]]:
-    """Children of every node the verifier stood on, whether each was accepted, and each one's sibling rank."""
+def examined_children(
+    tree: TokenTree, result: VerifyResult
+) -> tuple[list[int], list[bool], list[int]]:
+    """Children of every node the verifier stood on, whether each was accepted, and each
+    one's sibling rank."""
     nodes, flags, ranks, accepted = [], [], [], set(result.accepted)
     for parent in [0] + result.accepted:
         for rank, kid in enumerate(tree.children[parent]):
@@ -88,47 +95,66 @@ def examined_children(tree: TokenTree, result: VerifyResult) -> tuple[list[int],
 class SpeculativeDecoder:
     """Target adapter + drafter + builder + verifier: `generate(prompt_ids)` runs one sequence."""
 
-    def __init__(self, target: ModelAdapter, drafter: Drafter, builder: TreeBuilder, verifier: str | None = None,
-                 reorder_dfs: bool = False, cost: CostCurve | None = None, carry: bool = True, lookup: int = 0) -> None:
-        """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None: measured
-        on first use (once per process, `engine/cost.cost_curve_for`; one curve for temperature 0's steps,
-        whose verifier reads screened argmaxes, one for sampling's, which read full rows), and the step's overhead outside the
-        timed forwards learnt again from each of this decoder's generations of at least `MIN_OVERHEAD_STEPS`
-        steps, for the next one (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
+    def __init__(
+        self,
+        target: ModelAdapter,
+        drafter: Drafter,
+        builder: TreeBuilder,
+        verifier: str | None = None,
+        reorder_dfs: bool = False,
+        cost: CostCurve | None = None,
+        carry: bool = True,
+        lookup: int = 0,
+    ) -> None:
+        """`cost`: the step cost curve for builders that size trees by it (`budget=auto`); None:
+        measured on first use (once per process, `engine/cost.cost_curve_for`; one curve for
+        temperature 0's steps, whose verifier reads screened argmaxes, one for sampling's, which
+        read full rows), and the step's overhead outside the timed forwards learnt again from each
+        of this decoder's generations of at least `MIN_OVERHEAD_STEPS` steps, for the next one
+        (`CostCurve.with_overhead_of`; docs/algorithms.md §7).
 
-        `carry`: each generation starts from the acceptance model its predecessor at the same sampling
-        settings ended with (scaled down: `AcceptanceModel.carried`) instead of from face value. Only
-        `budget=auto` builders read it, to size trees: the output distribution never changes, but
-        above temperature 0 which sample a seed gives then depends on the decoder's earlier
-        generations; False makes every generation reproducible from its seed alone.
+        `carry`: each generation starts from the acceptance model its predecessor at the same
+        sampling settings ended with (scaled down: `AcceptanceModel.carried`) instead of from face
+        value. Only `budget=auto` builders read it, to size trees: the output distribution never
+        changes, but above temperature 0 which sample a seed gives then depends on the decoder's
+        earlier generations; False makes every generation reproducible from its seed alone.
 
         `lookup`: graft up to this many tokens copied from earlier in the context onto every tree
-        (`engine/lookup.py`; 0: none), wherever the verifier is one that any tree is lossless for (greedy,
-        sample-and-match); with the rejection verifiers nothing is grafted."""
+        (`engine/lookup.py`; 0: none), wherever the verifier is one that any tree is lossless for
+        (greedy, sample-and-match); with the rejection verifiers nothing is grafted."""
         if lookup < 0:
             raise ArborError(f"lookup must be >= 0 tokens (0: off), got {lookup}")
         check_vocab_size(drafter.vocab_size, target.vocab_size)
         self.target, self.drafter, self.builder = target, drafter, builder
         self.cost = cost
-        self.learn_overhead = cost is None  # a measured curve learns the step's overhead from every generation
-        self.curves: dict[bool, CostCurve] = {}  # greedy or not -> the measured curve with what it has learnt
+        # a measured curve learns the step's overhead from every generation
+        self.learn_overhead = cost is None
+        # greedy or not -> the measured curve with what it has learnt
+        self.curves: dict[bool, CostCurve] = {}
         self.requested_verifier = verifier
         self.reorder_dfs = reorder_dfs
         self.carry = carry
         self.lookup = lookup
         self.learnt: dict[SamplingConfig, AcceptanceModel] = {}  # per sampling settings
 
-    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None) -> GenerationResult:
-        verifier_name = choose_verifier(self.builder.children_mode, cfg.sampling, self.requested_verifier)
+    def generate(
+        self, prompt_ids: list[int], cfg: DecodeConfig, on_tokens: TokenCallback | None = None
+    ) -> GenerationResult:
+        verifier_name = choose_verifier(
+            self.builder.children_mode, cfg.sampling, self.requested_verifier
+        )
         verify = VERIFIERS[verifier_name]
-        self.context_lookup = ContextLookup(self.lookup) if self.lookup and verifier_name in ANY_TREE else None
+        self.context_lookup = (
+            ContextLookup(self.lookup) if self.lookup and verifier_name in ANY_TREE else None
+        )
         depth = max(self.builder.depth_limit, self.lookup if self.context_lookup else 0) + 1
         check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
         check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
         draft_cfg = cfg.sampling.draft_side()
         gen = torch.Generator(device=self.target.device).manual_seed(cfg.seed)
 
-        if self.builder.needs_cost and self.learn_overhead:  # the curve (and what it learnt) of this kind of step
+        # the curve (and what it learnt) of this kind of step
+        if self.builder.needs_cost and self.learn_overhead:
             greedy = cfg.sampling.greedy
             self.cost = self.curves.get(greedy) or cost_curve_for(self.target, self.drafter, greedy)
         previous = self.learnt.get(cfg.sampling) if self.carry else None
@@ -145,50 +171,81 @@ class SpeculativeDecoder:
         stop = None
         try:
             if len(prompt_ids) > 1:
-                self.target.feed(torch.tensor(prompt_ids[:-1]))  # no LM-head row: the root is fed with the tree
+                # no LM-head row: the root is fed with the tree
+                self.target.feed(torch.tensor(prompt_ids[:-1]))
                 if features:
                     self.drafter.observe(self.target.last_hidden)
             while stop is None:
-                stop = self._step(committed, out, steps, cfg, draft_cfg, verify, gen, features, on_tokens)
+                stop = self._step(
+                    committed, out, steps, cfg, draft_cfg, verify, gen, features, on_tokens
+                )
                 trim.advance(steps[-1].accepted_length)
         except KeyboardInterrupt:
-            raise GenerationInterrupted(self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)) from None
+            raise GenerationInterrupted(
+                self._result(prompt_ids, out, steps, t_start, "interrupted", verifier_name)
+            ) from None
         self.learnt[cfg.sampling] = self.acceptance
         result = self._result(prompt_ids, out, steps, t_start, stop, verifier_name)
         if self.builder.needs_cost and self.learn_overhead and len(steps) >= MIN_OVERHEAD_STEPS:
-            # for the next generation: one slow generation (the first after the curve was timed) fixes nothing
+            # for the next generation: one slow generation (the first after the curve was timed)
+            # fixes nothing
             self.cost = self.curves[cfg.sampling.greedy] = self.cost.with_overhead_of(steps)
         return result
 
     def _result(self, prompt_ids, out, steps, t_start, stop, verifier_name) -> GenerationResult:
         """The generation's result; `step_overhead`: the overhead its trees were sized with."""
         wall = clock(self.target.device) - t_start
-        return GenerationResult(method=self.builder.name, prompt_ids=list(prompt_ids), output_ids=list(out), steps=list(steps),
-                                wall_time=wall, stop_reason=stop,
-                                config={"builder": self.builder.describe(), "verifier": verifier_name}
-                                | ({"step_overhead": round(self.cost.step_overhead, 4),
-                                   "draft_overhead": round(self.cost.draft_overhead, 4),
-                                   "token_cost": round(self.cost.token_cost, 4)} if self.builder.needs_cost else {}))
+        return GenerationResult(
+            method=self.builder.name,
+            prompt_ids=list(prompt_ids),
+            output_ids=list(out),
+            steps=list(steps),
+            wall_time=wall,
+            stop_reason=stop,
+            config={"builder": self.builder.describe(), "verifier": verifier_name}
+            | (
+                {
+                    "step_overhead": round(self.cost.step_overhead, 4),
+                    "draft_overhead": round(self.cost.draft_overhead, 4),
+                    "token_cost": round(self.cost.token_cost, 4),
+                }
+                if self.builder.needs_cost
+                else {}
+            ),
+        )
 
-    def _step(self, committed: list[int], out: list[int], steps: list[StepStats], cfg: DecodeConfig,
-              draft_cfg: SamplingConfig, verify, gen: torch.Generator, features: bool,
-              on_tokens: TokenCallback | None) -> str | None:
-        """One speculative step (module docstring): extends `committed`, `out` and `steps`; returns the stop reason."""
+    def _step(
+        self,
+        committed: list[int],
+        out: list[int],
+        steps: list[StepStats],
+        cfg: DecodeConfig,
+        draft_cfg: SamplingConfig,
+        verify,
+        gen: torch.Generator,
+        features: bool,
+        on_tokens: TokenCallback | None,
+    ) -> str | None:
+        """One speculative step (module docstring): extends `committed`, `out` and `steps`;
+        returns the stop reason."""
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
         ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance)
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
-        calibrated = self.acceptance.expected_length(tree)  # the builder's tree (grafted nodes have no draft probability)
+        # the builder's tree (grafted nodes have no draft probability)
+        calibrated = self.acceptance.expected_length(tree)
         grafted = graft(tree, self.context_lookup.propose(committed)) if self.context_lookup else []
         t1 = clock(self.target.device)
         past = self.target.cache_len
-        logits = self.target.tree_forward(tree, lazy=True)  # [N, V], rows computed as the verifier reads them
+        # [N, V], rows computed as the verifier reads them
+        logits = self.target.tree_forward(tree, lazy=True)
         t2 = clock(self.target.device)
         result = verify(tree, logits, cfg.sampling, gen)
         new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
-        kept = result.accepted[: len(new) - 1]  # all of them unless EOS / max_new_tokens cut the step short
+        # all of them unless EOS / max_new_tokens cut the step short
+        kept = result.accepted[: len(new) - 1]
         self.target.compact(past + 1, [past + n for n in kept])
         if features:  # the root's and the kept nodes' features: exact target states, no draft error
             self.drafter.observe(self.target.last_hidden[[0] + kept])
@@ -199,26 +256,46 @@ class SpeculativeDecoder:
             on_tokens(new)
         t3 = clock(self.target.device)
         kids, flags, ranks = examined_children(tree, result)
-        if grafted:  # the acceptance model calibrates the draft's probabilities: grafted nodes have none
+        # the acceptance model calibrates the draft's probabilities: grafted nodes have none
+        if grafted:
             own = [i for i, k in enumerate(kids) if k < grafted[0]]
-            kids, flags, ranks = [kids[i] for i in own], [flags[i] for i in own], [ranks[i] for i in own]
-        head_time = getattr(logits, "seconds", 0.0)  # LM-head rows the verifier computed: part of verification
+            kids, flags, ranks = (
+                [kids[i] for i in own],
+                [flags[i] for i in own],
+                [ranks[i] for i in own],
+            )
+        # LM-head rows the verifier computed: part of verification
+        head_time = getattr(logits, "seconds", 0.0)
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
-        steps.append(StepStats(
-            accepted_length=len(new), tree_size=tree.size, tree_depth=tree.depth,
-            estimated_length=tree.estimated_accept_length(), calibrated_length=calibrated,
-            draft_time=self.drafter.forward_time, build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
-            verify_time=t2 - t1 + head_time, other_time=t3 - t2 - head_time, draft_forwards=self.drafter.forwards,
-            examined_draft_probs=examined_probs,
-            examined_values=[tree.values[k] for k in kids], examined_accepted=flags,
-            lookup_nodes=len(grafted), lookup_accepted=sum(1 for n in kept if grafted and n >= grafted[0]),
-        ))
+        steps.append(
+            StepStats(
+                accepted_length=len(new),
+                tree_size=tree.size,
+                tree_depth=tree.depth,
+                estimated_length=tree.estimated_accept_length(),
+                calibrated_length=calibrated,
+                draft_time=self.drafter.forward_time,
+                build_time=max(0.0, t1 - t0 - self.drafter.forward_time),
+                verify_time=t2 - t1 + head_time,
+                other_time=t3 - t2 - head_time,
+                draft_forwards=self.drafter.forwards,
+                examined_draft_probs=examined_probs,
+                examined_values=[tree.values[k] for k in kids],
+                examined_accepted=flags,
+                lookup_nodes=len(grafted),
+                lookup_accepted=sum(1 for n in kept if grafted and n >= grafted[0]),
+            )
+        )
         return stop
 
 
-def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: DecodeConfig,
-                            on_tokens: TokenCallback | None = None) -> GenerationResult:
+def autoregressive_generate(
+    target: ModelAdapter,
+    prompt_ids: list[int],
+    cfg: DecodeConfig,
+    on_tokens: TokenCallback | None = None,
+) -> GenerationResult:
     """Plain decoding through the same adapter: the baseline every speedup is measured against."""
     check_context(len(prompt_ids), cfg, target.max_positions)
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
@@ -230,15 +307,25 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
     stop = None
 
     def result(reason: str | None) -> GenerationResult:
-        return GenerationResult(method="autoregressive", prompt_ids=list(prompt_ids), output_ids=list(out),
-                                steps=list(steps), wall_time=clock(target.device) - t_start, stop_reason=reason,
-                                config={"builder": "autoregressive"})
+        return GenerationResult(
+            method="autoregressive",
+            prompt_ids=list(prompt_ids),
+            output_ids=list(out),
+            steps=list(steps),
+            wall_time=clock(target.device) - t_start,
+            stop_reason=reason,
+            config={"builder": "autoregressive"},
+        )
 
     try:
         logits = target.feed(torch.tensor(prompt_ids))  # the last row's logits, computed as read
         while stop is None:
             t0 = clock(target.device)
-            token = greedy_token(logits, 0) if cfg.sampling.greedy else sample(probs_from_logits(logits[0], cfg.sampling), gen)
+            token = (
+                greedy_token(logits, 0)
+                if cfg.sampling.greedy
+                else sample(probs_from_logits(logits[0], cfg.sampling), gen)
+            )
             new, stop = _finish([token], out, cfg)
             out += new
             if on_tokens is not None:
@@ -246,8 +333,18 @@ def autoregressive_generate(target: ModelAdapter, prompt_ids: list[int], cfg: De
             if stop is None:
                 logits = target.feed(torch.tensor([token]))
             t1 = clock(target.device)
-            steps.append(StepStats(accepted_length=1, tree_size=0, tree_depth=0, estimated_length=1.0, draft_time=0.0,
-                                   build_time=0.0, verify_time=t1 - t0, other_time=0.0))
+            steps.append(
+                StepStats(
+                    accepted_length=1,
+                    tree_size=0,
+                    tree_depth=0,
+                    estimated_length=1.0,
+                    draft_time=0.0,
+                    build_time=0.0,
+                    verify_time=t1 - t0,
+                    other_time=0.0,
+                )
+            )
             trim.advance(1)
     except KeyboardInterrupt:
         raise GenerationInterrupted(result("interrupted")) from None

@@ -23,8 +23,9 @@ The LM head stays float32 (engine/lm_head.py runs it one row at a time, as for f
 the target's logits decide the output, and no option quantises the head (docs/algorithms.md §8).
 
 fbgemm's kernels are reached through `torch.ops.quantized` (the quantised-tensor API that PyTorch
-has deprecated): torchao's CPU int8 configurations were either slower than float32 here (weight-only)
-or quantise activations per tensor, which is not batch-invariant (docs/algorithms.md §8).
+has deprecated): torchao's CPU int8 configurations were either slower than float32 here
+(weight-only) or quantise activations per tensor, which is not batch-invariant
+(docs/algorithms.md §8).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothi
 
 
 def weight_scales(weight: torch.Tensor) -> torch.Tensor:
-    """Per output channel, the int8 weight scale max|w| / 63 (float64, as fbgemm's packed weight keeps it)."""
+    """Per output channel, the int8 weight scale max|w| / 63 (float64, as fbgemm's
+    packed weight keeps it)."""
     return (weight.detach().float().cpu().abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12).double()
 
 
@@ -55,21 +57,31 @@ def pack_int8_weight(weight: torch.Tensor):
     scale = weight_scales(w)
     with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
         warnings.simplefilter("ignore")
-        qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        qw = torch.quantize_per_channel(
+            w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8
+        )
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
-def int8_rows_product(rows: torch.Tensor, packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with integer sums
-    `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`, the scales `[N, 1]`)."""
+def int8_rows_product(
+    rows: torch.Tensor, packed
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with
+    integer sums `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`,
+    the scales `[N, 1]`)."""
     scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
     scaled = rows / scale
-    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(scaled, 1.0, ACT_ZERO, packed)
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        scaled, 1.0, ACT_ZERO, packed
+    )
     return y.mul_(scale), scaled, scale
 
 
-def int8_rows_linear(x: torch.Tensor, packed, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products summed in integers."""
+def int8_rows_linear(
+    x: torch.Tensor, packed, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products
+    summed in integers."""
     y = int8_rows_product(x.reshape(-1, x.shape[-1]).float(), packed)[0]
     if bias is not None:
         y.add_(bias)
@@ -77,7 +89,8 @@ def int8_rows_linear(x: torch.Tensor, packed, bias: torch.Tensor | None, out_fea
 
 
 class Int8Linear(nn.Module):
-    """`y = x W^T + b` with int8 per-channel weights and per-row 8-bit activations; exact per row."""
+    """`y = x W^T + b` with int8 per-channel weights and per-row 8-bit
+    activations; exact per row."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -94,7 +107,8 @@ class Int8Linear(nn.Module):
 
 
 class Int8Group:
-    """Several linears that read the same input (q/k/v, gate/up) as one int8 product over their stacked rows.
+    """Several linears that read the same input (q/k/v, gate/up) as one int8 product
+    over their stacked rows.
 
     The decoder calls them one after the other on the same tensor; the first call computes every
     member's output, the others take their slice. Per output element the arithmetic is the one
@@ -104,9 +118,16 @@ class Int8Group:
     def __init__(self, linears: list[nn.Linear]) -> None:
         weight = torch.cat([lin.weight.detach() for lin in linears])
         biases = [lin.bias for lin in linears]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach().float() if b is not None else torch.zeros(lin.out_features)
-             for b, lin in zip(biases, linears)]).cpu()
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b.detach().float() if b is not None else torch.zeros(lin.out_features)
+                    for b, lin in zip(biases, linears)
+                ]
+            ).cpu()
+        )
         self.packed = pack_int8_weight(weight)
         self.out_features = weight.shape[0]
         self.last_input: torch.Tensor | None = None
@@ -115,12 +136,16 @@ class Int8Group:
         edges = [0]
         for lin in linears:
             edges.append(edges[-1] + lin.out_features)
-        self.members = [Int8GroupMember(self, i, a, b, lin.in_features)
-                        for i, (a, b, lin) in enumerate(zip(edges, edges[1:], linears))]
+        self.members = [
+            Int8GroupMember(self, i, a, b, lin.in_features)
+            for i, (a, b, lin) in enumerate(zip(edges, edges[1:], linears))
+        ]
 
     def output_for(self, x: torch.Tensor, member: int) -> torch.Tensor:
-        """The group's output for `x`; computed on the first member's call, released after the last one's."""
-        if x is not self.last_input or member in self.served:  # `is` on a held reference: never a reused tensor
+        """The group's output for `x`; computed on the first member's call, released
+        after the last one's."""
+        # `is` on a held reference: never a reused tensor
+        if x is not self.last_input or member in self.served:
             self.last_output = int8_rows_linear(x, self.packed, self.bias, self.out_features)
             self.last_input, self.served = x, set()
         out = self.last_output
@@ -133,13 +158,15 @@ class Int8Group:
 class Int8GroupMember(nn.Module):
     """One linear of an `Int8Group` (its slice of the group's output)."""
 
-    def __init__(self, group: Int8Group, index: int, start: int, end: int, in_features: int) -> None:
+    def __init__(
+        self, group: Int8Group, index: int, start: int, end: int, in_features: int
+    ) -> None:
         super().__init__()
         self.group, self.index, self.start, self.end = group, index, start, end
         self.in_features, self.out_features = in_features, end - start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.output_for(x, self.index)[..., self.start: self.end]
+        return self.group.output_for(x, self.index)[..., self.start : self.end]
 
     def extra_repr(self) -> str:
         return f"rows {self.start}:{self.end} of a shared int8 product"
@@ -147,33 +174,52 @@ class Int8GroupMember(nn.Module):
 
 def _layers(model) -> list[nn.Module]:
     layers = getattr(model.get_decoder(), "layers", None)
-    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    names = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    )
     if layers is None:
-        raise ArborError(f"int8 supports Llama-style decoders; {type(model).__name__} has no `layers`: use --dtype float32")
+        raise ArborError(
+            f"int8 supports Llama-style decoders; {type(model).__name__} has no "
+            "`layers`: use --dtype float32"
+        )
     for layer in layers:
         try:
             for n in names:
                 layer.get_submodule(n)
         except AttributeError:
-            raise ArborError(f"int8 supports Llama-style decoder layers (q/k/v/o, gate/up/down, two norms); "
-                             f"{type(layer).__name__} differs: use --dtype float32") from None
+            raise ArborError(
+                f"int8 supports Llama-style decoder layers (q/k/v/o, gate/up/down, two norms); "
+                f"{type(layer).__name__} differs: use --dtype float32"
+            ) from None
     return list(layers)
 
 
 @torch.no_grad()
 def activation_maxima(model, samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per input channel, the largest |activation| each `nn.Linear` of the decoder sees on `samples`."""
+    """Per input channel, the largest |activation| each `nn.Linear` of the decoder
+    sees on `samples`."""
     maxima: dict[str, torch.Tensor] = {}
 
     def keep(name):
         def hook(module, args):
             seen = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()
             maxima[name] = seen if name not in maxima else torch.maximum(maxima[name], seen)
+
         return hook
 
-    hooks = [m.register_forward_pre_hook(keep(n)) for n, m in model.get_decoder().named_modules()
-             if isinstance(m, nn.Linear)]
+    hooks = [
+        m.register_forward_pre_hook(keep(n))
+        for n, m in model.get_decoder().named_modules()
+        if isinstance(m, nn.Linear)
+    ]
     try:
         for ids in samples:
             model(input_ids=ids.view(1, -1))
@@ -190,14 +236,20 @@ def _smoothing(act_max: torch.Tensor, weights: list[torch.Tensor], alpha: float)
 
 @torch.no_grad()
 def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> None:
-    """Fold SmoothQuant scales into the weights (module doc); the float model's function is unchanged."""
+    """Fold SmoothQuant scales into the weights (module doc); the float model's
+    function is unchanged."""
     cfg = model.config
-    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    heads, kv_heads = (
+        cfg.num_attention_heads,
+        getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+    )
     for i, layer in enumerate(_layers(model)):
         attn, mlp = layer.self_attn, layer.mlp
         prefix = f"layers.{i}."
-        for norm, lins, key in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), "self_attn.q_proj"),
-                                (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), "mlp.gate_proj")):
+        for norm, lins, key in (
+            (layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), "self_attn.q_proj"),
+            (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), "mlp.gate_proj"),
+        ):
             s = _smoothing(maxima[prefix + key], [lin.weight for lin in lins], alpha)
             norm.weight.div_(s)
             for lin in lins:
@@ -207,26 +259,32 @@ def smooth(model, maxima: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) 
         if mlp.up_proj.bias is not None:
             mlp.up_proj.bias.div_(s)
         mlp.down_proj.weight.mul_(s)
-        # o_proj reads the attention output; channel (head h, dim d) is linear in v channel (h // group, d)
+        # o_proj reads the attention output; channel (head h, dim d) is linear in v
+        # channel (h // group, d)
         head_dim = attn.o_proj.in_features // heads
         s = _smoothing(maxima[prefix + "self_attn.o_proj"], [attn.o_proj.weight], alpha)
-        s = s.view(kv_heads, heads // kv_heads, head_dim).amax(1)  # one scale per v channel, shared by its heads
+        # one scale per v channel, shared by its heads
+        s = s.view(kv_heads, heads // kv_heads, head_dim).amax(1)
         attn.v_proj.weight.div_(s.reshape(-1)[:, None])
         if attn.v_proj.bias is not None:
             attn.v_proj.bias.div_(s.reshape(-1))
-        attn.o_proj.weight.mul_(s[:, None, :].expand(kv_heads, heads // kv_heads, head_dim).reshape(-1))
+        attn.o_proj.weight.mul_(
+            s[:, None, :].expand(kv_heads, heads // kv_heads, head_dim).reshape(-1)
+        )
 
 
 GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 
 
 def swap_linears(root: nn.Module) -> None:
-    """Every `nn.Linear` under `root` -> int8 (`Int8Linear`); in each decoder layer the linears that share an
-    input (q/k/v, gate/up) run as one `Int8Group`."""
+    """Every `nn.Linear` under `root` -> int8 (`Int8Linear`); in each decoder layer the linears that
+    share an input (q/k/v, gate/up) run as one `Int8Group`."""
     for module in list(root.modules()):
         for parent_name, names in GROUPS:
             parent = getattr(module, parent_name, None)
-            if isinstance(parent, nn.Module) and all(type(getattr(parent, n, None)) is nn.Linear for n in names):
+            if isinstance(parent, nn.Module) and all(
+                type(getattr(parent, n, None)) is nn.Linear for n in names
+            ):
                 group = Int8Group([getattr(parent, n) for n in names])
                 for name, member in zip(names, group.members):
                     setattr(parent, name, member)
@@ -243,15 +301,20 @@ def quantize_int8(model, samples: list[torch.Tensor], alpha: float = SMOOTH_ALPH
     `samples`: token-id tensors of calibration text (activation ranges for the smoothing).
     """
     if next(model.parameters()).device.type != "cpu":
-        raise ArborError("--dtype int8 runs on CPU only (fbgemm kernels): use --device cpu, or float16/bfloat16 on a GPU")
+        raise ArborError(
+            "--dtype int8 runs on CPU only (fbgemm kernels): use --device cpu, or "
+            "float16/bfloat16 on a GPU"
+        )
     if next(model.parameters()).dtype != torch.float32:
         raise ArborError("int8 quantises a float32 model: load it with dtype float32 first")
     reference = model(input_ids=samples[0].view(1, -1)).logits[0]
     smooth(model, activation_maxima(model, samples), alpha)
     folded = model(input_ids=samples[0].view(1, -1)).logits[0]
     if (folded - reference).abs().max() > _FOLD_TOLERANCE * reference.abs().max():
-        raise ArborError(f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
-                         "(not a Llama-style RMSNorm): use --dtype float32")
+        raise ArborError(
+            f"int8: {type(model).__name__}'s norms do not absorb the smoothing scales "
+            "(not a Llama-style RMSNorm): use --dtype float32"
+        )
     swap_linears(model.get_decoder())
     use_float64_attention(model)
     return model

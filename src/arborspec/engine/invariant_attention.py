@@ -32,10 +32,18 @@ from transformers import AttentionInterface
 NAME = "arborspec_float64"
 
 
-def float64_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float | None = None,
-                      dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
-    """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]` (transformers' layout).
+def float64_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]`
+    (transformers' layout).
 
     PyTorch's fused attention kernel in float64 (grouped-query heads without copies).
     """
@@ -44,11 +52,20 @@ def float64_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if attention_mask is not None:
         mask = attention_mask[..., :length]
         mask = mask if mask.dtype == torch.bool else mask.double()
-    elif q_len > 1:  # plain causal chunk after the cache: query i sees keys up to position length - q_len + i
-        mask = torch.arange(length, device=query.device)[None, :] <= torch.arange(
-            length - q_len, length, device=query.device)[:, None]
-    out = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
-                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    # plain causal chunk after the cache: query i sees keys up to position length - q_len + i
+    elif q_len > 1:
+        mask = (
+            torch.arange(length, device=query.device)[None, :]
+            <= torch.arange(length - q_len, length, device=query.device)[:, None]
+        )
+    out = F.scaled_dot_product_attention(
+        query.double(),
+        key.double(),
+        value.double(),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

@@ -1,14 +1,15 @@
-"""The target's KV cache: transformers' `DynamicCache`, with, for float64-attention models, a layer that keeps
-its keys and values in float64 in a buffer that grows by doubling.
+"""The target's KV cache: transformers' `DynamicCache`, with, for float64-attention models, a layer
+that keeps its keys and values in float64 in a buffer that grows by doubling.
 
-Why (docs/algorithms.md §8): the batch-invariant attention (`invariant_attention.py`) computes in float64.
-Over transformers' `DynamicLayer` it converted the whole float32 cache of every layer to float64 on every
-forward, after `torch.cat` had copied the whole cache once more to append the new rows: two passes over
-the cache per layer and forward, more for a tree (its cache view is strided after a crop), that a plain
-forward pays too. `Float64Layer` converts only the new rows (float32 -> float64 is exact, so the
-attention reads the very values it read before) and writes them in place after the kept ones; a crop or a
-compaction (`ModelAdapter.compact`, which copies the accepted rows into place through `keys`/`values`)
-moves no memory. `keys`/`values` are views of the first `length` rows of the buffers.
+Why (docs/algorithms.md §8): the batch-invariant attention (`invariant_attention.py`) computes in
+float64. Over transformers' `DynamicLayer` it converted the whole float32 cache of every layer to
+float64 on every forward, after `torch.cat` had copied the whole cache once more to append the new
+rows: two passes over the cache per layer and forward, more for a tree (its cache view is strided
+after a crop), that a plain forward pays too. `Float64Layer` converts only the new rows (float32 ->
+float64 is exact, so the attention reads the very values it read before) and writes them in place
+after the kept ones; a crop or a compaction (`ModelAdapter.compact`, which copies the accepted rows
+into place through `keys`/`values`) moves no memory. `keys`/`values` are views of the first `length`
+rows of the buffers.
 
 Only the layer's storage changes: the modelling code is transformers' own, and a `Float64Layer` is a
 `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).
@@ -26,14 +27,18 @@ MIN_CAPACITY = 256  # rows allocated at first; the buffer doubles when it is ful
 
 
 class Float64Layer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are float64 views `[B, H, length, D]` of buffers grown by doubling.
+    """A `DynamicLayer` whose keys and values are float64 views `[B, H, length, D]` of
+    buffers grown by doubling.
 
-    Only appending changes: `DynamicLayer`'s own `crop` (a shorter view), `get_seq_length` (the view's length)
-    and `reset` (drops the views; the next update allocates afresh) work on the views as they are."""
+    Only appending changes: `DynamicLayer`'s own `crop` (a shorter view), `get_seq_length` (the
+    view's length) and `reset` (drops the views; the next update allocates afresh) work on the
+    views as they are."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = torch.float64, key_states.device
-        self._buffers = [self._allocate(states, MIN_CAPACITY) for states in (key_states, value_states)]
+        self._buffers = [
+            self._allocate(states, MIN_CAPACITY) for states in (key_states, value_states)
+        ]
         self.keys, self.values = (buffer[:, :, :0] for buffer in self._buffers)
         self.is_initialized = True
 
@@ -41,14 +46,16 @@ class Float64Layer(DynamicLayer):
     def _allocate(states: torch.Tensor, rows: int) -> torch.Tensor:
         return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.keys.shape[2]
         end = start + key_states.shape[2]
         for i, (kept, states) in enumerate(((self.keys, key_states), (self.values, value_states))):
-            if end > self._buffers[i].shape[2]:  # full: a buffer of twice what is needed, the kept rows copied over
+            # full: a buffer of twice what is needed, the kept rows copied over
+            if end > self._buffers[i].shape[2]:
                 grown = self._allocate(states, 2 * end)
                 grown[:, :, :start] = kept
                 self._buffers[i] = grown
@@ -58,15 +65,19 @@ class Float64Layer(DynamicLayer):
 
 
 def uses_float64_cache(model) -> bool:
-    """Whether `model` runs the float64 attention (the int8 target), whose cache `new_cache` keeps in float64."""
+    """Whether `model` runs the float64 attention (the int8 target), whose cache
+    `new_cache` keeps in float64."""
     return getattr(model.config, "_attn_implementation", None) == FLOAT64_ATTENTION
 
 
 def new_cache(model) -> DynamicCache:
-    """An empty cache for `model`: `Float64Layer`s under the float64 attention, else transformers' own layers."""
+    """An empty cache for `model`: `Float64Layer`s under the float64 attention, else
+    transformers' own layers."""
     cache = DynamicCache(config=model.config)
     if uses_float64_cache(model):
-        cache.layers = [Float64Layer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        cache.layers = [
+            Float64Layer() if type(layer) is DynamicLayer else layer for layer in cache.layers
+        ]
     return cache
 
 

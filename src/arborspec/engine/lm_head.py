@@ -1,4 +1,5 @@
-"""The target's LM head, run by the adapter itself: fast single rows, and rows on demand for the verifier.
+"""The target's LM head, run by the adapter itself: fast single rows, and rows on
+demand for the verifier.
 
 Why (docs/algorithms.md §7, "Cheaper verification"): the LM head (vocabulary x hidden)
 is the largest matrix of a small model. On CPU, `F.linear` on one row (weights stored
@@ -40,13 +41,20 @@ import torch.nn.functional as F
 from ..common.timing import clock
 from .int8 import WEIGHT_LEVELS, int8_rows_product, pack_int8_weight, weight_scales
 
-MAX_TRANSPOSED_BYTES = 1 << 30  # the transposed single-row copy of the LM head is kept up to this size
+# the transposed single-row copy of the LM head is kept up to this size
+MAX_TRANSPOSED_BYTES = 1 << 30
 # config attributes that make a causal LM's logits differ from lm_head(hidden)
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+_LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier_scale",
+)
 
 
 def placed(head: torch.nn.Module) -> bool:
-    """A head under an accelerate hook (device map) or with its weight on `meta`: only its own forward is safe."""
+    """A head under an accelerate hook (device map) or with its weight on `meta`: only its
+    own forward is safe."""
     return getattr(head, "_hf_hook", None) is not None or head.weight.device.type == "meta"
 
 
@@ -64,18 +72,25 @@ class GreedyScreen:
     known rounding of the weights (norms precomputed per token); the two quantisation terms are
     widened by 0.1 %. Every token whose upper bound reaches the best lower bound is a candidate,
     and the exact argmax always is one (on SmolLM2's answers: 3 of 49152 at the median). The
-    candidates get `h . w_v` in float32; the first largest wins (`torch.argmax`'s rule: ids in order).
+    candidates get `h . w_v` in float32; the first largest wins
+    (`torch.argmax`'s rule: ids in order).
     """
 
     OUTLIERS = 16  # channels of the row kept in float32: the final norm's few huge channels would
     # otherwise set the row's quantisation scale (with none kept, ~1300 candidates at the median)
 
-    def __init__(self, weight: torch.Tensor, weight_t: torch.Tensor) -> None:  # [V, H] float32 CPU; its [H, V] copy
+    def __init__(
+        self, weight: torch.Tensor, weight_t: torch.Tensor
+    ) -> None:  # [V, H] float32 CPU; its [H, V] copy
         self.weight, self.weight_t = weight.detach(), weight_t
         self.packed = pack_int8_weight(self.weight)
         w = self.weight.double()
         scales = weight_scales(self.weight)  # s_v, as packed
-        rounding = w - torch.round(w / scales[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) * scales[:, None]
+        rounding = (
+            w
+            - torch.round(w / scales[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS)
+            * scales[:, None]
+        )
         self.norm_w = w.norm(dim=1).float()  # |w_v|_2
         self.norm_err = rounding.norm(dim=1).float()  # |w_v - w^_v|_2
         self.hidden_size = self.weight.shape[1]
@@ -87,23 +102,27 @@ class GreedyScreen:
         keep = row[0].abs().topk(k).indices
         rest = row.clone()
         rest[0, keep] = 0.0
-        approx, x, scale = int8_rows_product(rest, self.packed)  # x: what the kernel rounded to 8 bits
+        # x: what the kernel rounded to 8 bits
+        approx, x, scale = int8_rows_product(rest, self.packed)
         approx = approx[0].add_((row[:, keep] @ self.weight_t.index_select(0, keep))[0])
         scale = float(scale)
         xd = x[0].double()
         rounded = torch.round(xd)
         norm_h = float(row.double().norm())
-        gap = scale * float((xd - rounded).norm()) + 2.0 ** -24 * norm_h  # |h - h^|_2 over the quantised channels
+        # |h - h^|_2 over the quantised channels
+        gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
         norm_hat = scale * float(rounded.norm())  # |h^|_2
-        per_w = 1.001 * gap + 2 * self.hidden_size * 2.0 ** -24 * norm_h
+        per_w = 1.001 * gap + 2 * self.hidden_size * 2.0**-24 * norm_h
         return approx, torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat)
 
     def argmax(self, hidden: torch.Tensor) -> int | None:
-        """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let the full row decide)."""
+        """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let
+        the full row decide)."""
         row = hidden.reshape(1, -1).float()
         approx, bound = self.bounds(row)
         floor = (approx - bound).max()
-        cand = torch.nonzero(approx.add_(bound) >= floor)[:, 0]  # approx is ours: its upper bounds in place
+        # approx is ours: its upper bounds in place
+        cand = torch.nonzero(approx.add_(bound) >= floor)[:, 0]
         if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
             return None
         self.candidates += cand.numel()
@@ -113,11 +132,18 @@ class GreedyScreen:
         return int(cand[int(exact.argmax())])
 
 
-def screen_for(weight: torch.Tensor | None, weight_t: torch.Tensor | None, bias: torch.Tensor | None) -> GreedyScreen | None:
-    """A greedy screen for a float32 CPU head without bias, with its transposed copy (fbgemm's int8 kernels);
-    else None (the full row decides)."""
-    if weight is None or weight_t is None or bias is not None or weight.device.type != "cpu" \
-            or weight.dtype != torch.float32:
+def screen_for(
+    weight: torch.Tensor | None, weight_t: torch.Tensor | None, bias: torch.Tensor | None
+) -> GreedyScreen | None:
+    """A greedy screen for a float32 CPU head without bias, with its transposed copy (fbgemm's int8
+    kernels); else None (the full row decides)."""
+    if (
+        weight is None
+        or weight_t is None
+        or bias is not None
+        or weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+    ):
         return None
     try:
         return GreedyScreen(weight, weight_t)
@@ -130,16 +156,23 @@ class HeadRows:
 
     def __init__(self, model) -> None:
         head = model.get_output_embeddings()
-        self.supported = type(head) is torch.nn.Linear and not placed(head) and not any(
-            getattr(model.config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
+        self.supported = (
+            type(head) is torch.nn.Linear
+            and not placed(head)
+            and not any(
+                getattr(model.config, name, None) not in (None, 1, 1.0)
+                for name in _LOGIT_TRANSFORMS
+            )
+        )
         self.weight = head.weight if self.supported else None
         self.bias = head.bias if self.supported else None
-        # On CPU a contiguous [H, V] copy makes one row a fast vector-matrix product (see the module doc);
-        # kept only for heads up to MAX_TRANSPOSED_BYTES, the memory it costs.
+        # On CPU a contiguous [H, V] copy makes one row a fast vector-matrix product (see the module
+        # doc); kept only for heads up to MAX_TRANSPOSED_BYTES, the memory it costs.
         w = self.weight
         small = w is not None and w.numel() * w.element_size() <= MAX_TRANSPOSED_BYTES
         self.weight_t = w.detach().t().contiguous() if small and w.device.type == "cpu" else None
-        self.screen = screen_for(w, self.weight_t, self.bias)  # temperature 0: argmax without the full row (module doc)
+        # temperature 0: argmax without the full row (module doc)
+        self.screen = screen_for(w, self.weight_t, self.bias)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[K, H]` hidden -> `[K, V]` float32 logits."""
@@ -158,7 +191,8 @@ class HeadRows:
 
 
 class LazyLogits:
-    """`[N, V]` logits of a tree forward, computed row by row on first access (`logits[i]` -> `[V]`)."""
+    """`[N, V]` logits of a tree forward, computed row by row on first access
+    (`logits[i]` -> `[V]`)."""
 
     def __init__(self, hidden: torch.Tensor, head: HeadRows) -> None:
         self.hidden, self.head = hidden, head  # hidden: [N, H]
@@ -176,18 +210,18 @@ class LazyLogits:
             i += len(self)
         if i not in self.rows:
             t0 = clock(self.hidden.device)
-            self.rows[i] = self.head.logits(self.hidden[i: i + 1])[0]
+            self.rows[i] = self.head.logits(self.hidden[i : i + 1])[0]
             self.seconds += clock(self.hidden.device) - t0
         return self.rows[i]
 
     @torch.inference_mode()
     def argmax(self, i: int) -> int:
-        """Row i's greedy token, through `HeadRows.greedy` (never from a row computed for sampling: the
-        same function as plain decoding's, so the verdicts match it bit for bit)."""
+        """Row i's greedy token, through `HeadRows.greedy` (never from a row computed for sampling:
+        the same function as plain decoding's, so the verdicts match it bit for bit)."""
         i = int(i) % len(self)
         if i not in self.best:
             t0 = clock(self.hidden.device)
-            self.best[i] = self.head.greedy(self.hidden[i: i + 1])
+            self.best[i] = self.head.greedy(self.hidden[i : i + 1])
             self.seconds += clock(self.hidden.device) - t0
         return self.best[i]
 

@@ -1,17 +1,20 @@
-"""Context lookup: a chain of tokens copied from earlier in the context, grafted onto the draft's tree.
+"""Context lookup: a chain of tokens copied from earlier in the context, grafted
+onto the draft's tree.
 
-Small models repeat themselves, and code repeats its identifiers and the signature it was asked for: when the last
-n committed tokens (n = `max_n` down to `min_n`) occurred earlier in the prompt or the answer, the tokens that
-followed their latest earlier occurrence are a guess at what comes next that costs no draft forward (prompt lookup
-decoding, Saxena 2023; SAM-Decoding, Hu et al. 2024, adds such retrieval to EAGLE's trees). `ContextLookup.propose`
-returns up to `max_tokens` of them; `graft` hangs them under the root of the tree a builder made, walking down the
-children the tree already has where they hold the chain's next token and adding nodes for the rest. The target
-verifies the grafted nodes with the others in the same forward (docs/algorithms.md §9).
+Small models repeat themselves, and code repeats its identifiers and the signature it was asked for:
+when the last n committed tokens (n = `max_n` down to `min_n`) occurred earlier in the prompt or the
+answer, the tokens that followed their latest earlier occurrence are a guess at what comes next that
+costs no draft forward (prompt lookup decoding, Saxena 2023; SAM-Decoding, Hu et al. 2024, adds such
+retrieval to EAGLE's trees). `ContextLookup.propose` returns up to `max_tokens` of them; `graft`
+hangs them under the root of the tree a builder made, walking down the children the tree already has
+where they hold the chain's next token and adding nodes for the rest. The target verifies the
+grafted nodes with the others in the same forward (docs/algorithms.md §9).
 
-Lossless only where the verifier never reads draft probabilities: greedy (T = 0) and target-sample-and-match, which
-are lossless for any tree (`verifiers.ANY_TREE`). The rejection verifiers replay the distribution each node's
-children were drawn from, which a grafted node was not, so the decoder grafts nothing for them. Grafted nodes carry
-value 0 and draft probability 0, and the decoder leaves them out of the acceptance model's calibration.
+Lossless only where the verifier never reads draft probabilities: greedy (T = 0) and
+target-sample-and-match, which are lossless for any tree (`verifiers.ANY_TREE`). The rejection
+verifiers replay the distribution each node's children were drawn from, which a grafted node was
+not, so the decoder grafts nothing for them. Grafted nodes carry value 0 and draft probability 0,
+and the decoder leaves them out of the acceptance model's calibration.
 """
 
 from __future__ import annotations
@@ -20,39 +23,46 @@ from .tree import TokenTree
 
 
 class ContextLookup:
-    """Latest earlier occurrence of the context's last n tokens, for n = max_n .. min_n; indexed incrementally.
+    """Latest earlier occurrence of the context's last n tokens, for n = max_n .. min_n;
+    indexed incrementally.
 
-    One instance follows one growing sequence (the decoder makes one per generation): each `propose` indexes only
-    the positions the context gained since the last call."""
+    One instance follows one growing sequence (the decoder makes one per generation): each `propose`
+    indexes only the positions the context gained since the last call."""
 
     def __init__(self, max_tokens: int, min_n: int = 2, max_n: int = 4) -> None:
         if max_tokens < 1 or not 1 <= min_n <= max_n:
-            raise ValueError(f"lookup needs max_tokens >= 1 and 1 <= min_n <= max_n, got {max_tokens}, {min_n}, {max_n}")
+            raise ValueError(
+                "lookup needs max_tokens >= 1 and 1 <= min_n <= max_n, got "
+                f"{max_tokens}, {min_n}, {max_n}"
+            )
         self.max_tokens, self.min_n, self.max_n = max_tokens, min_n, max_n
         self.indexed = 0  # n-grams ending (exclusive) at 1 .. indexed - 1 are in `ends`
-        self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its latest indexed occurrence
+        # n-gram -> end (exclusive) of its latest indexed occurrence
+        self.ends: dict[tuple[int, ...], int] = {}
 
     def propose(self, context: list[int]) -> list[int]:
-        """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest matching suffix.
+        """Up to `max_tokens` tokens that followed the latest earlier occurrence of the
+        longest matching suffix.
 
-        Indexed first: every n-gram `context[end - n:end]` with end < len(context), i.e. all but the suffix itself
-        (which ends at len and must not match itself)."""
+        Indexed first: every n-gram `context[end - n:end]` with end < len(context), i.e. all but the
+        suffix itself (which ends at len and must not match itself)."""
         for end in range(max(self.indexed, 1), len(context)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self.ends[tuple(context[end - n:end])] = end
+                self.ends[tuple(context[end - n : end])] = end
         self.indexed = max(self.indexed, len(context))
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(context) <= n:
                 continue
             end = self.ends.get(tuple(context[-n:]))
             if end is not None:
-                return context[end: end + self.max_tokens]
+                return context[end : end + self.max_tokens]
         return []
 
 
 def graft(tree: TokenTree, chain: list[int]) -> list[int]:
-    """Hang `chain` under the root of `tree`: follow the child holding each next token while there is one, then add
-    the rest as new nodes (value 0, draft probability 0). Returns the indices of the added nodes."""
+    """Hang `chain` under the root of `tree`: follow the child holding each next token while there
+    is one, then add the rest as new nodes (value 0, draft probability 0). Returns the indices
+    of the added nodes."""
     node, added = 0, []
     for token in chain:
         child = next((c for c in tree.children[node] if tree.tokens[c] == token), None)

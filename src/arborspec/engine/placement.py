@@ -1,4 +1,5 @@
-"""Where a model loaded with a device map runs and keeps its weights (accelerate's hooks, CPU and disk offload).
+"""Where a model loaded with a device map runs and keeps its weights (accelerate's hooks,
+CPU and disk offload).
 
 A model loaded with `from_pretrained(device_map=...)` over more than one device (or with
 "disk" in its map) carries accelerate hooks (`module._hf_hook`): every hooked module runs
@@ -26,7 +27,8 @@ def hook_of(module: torch.nn.Module):
 
 
 def execution_device(module: torch.nn.Module) -> torch.device:
-    """Where the module computes: its hook's execution device, else the device of its first weight."""
+    """Where the module computes: its hook's execution device, else the device
+    of its first weight."""
     hook = hook_of(module)
     if hook is not None and hook.execution_device is not None:
         return torch.device(hook.execution_device)
@@ -34,7 +36,8 @@ def execution_device(module: torch.nn.Module) -> torch.device:
 
 
 def is_offloaded(module: torch.nn.Module) -> bool:
-    """True when the module's weights live outside it (a hook with offload, or weights on `meta`)."""
+    """True when the module's weights live outside it (a hook with offload, or
+    weights on `meta`)."""
     hook = hook_of(module)
     if hook is not None and getattr(hook, "offload", False):
         return True
@@ -42,13 +45,16 @@ def is_offloaded(module: torch.nn.Module) -> bool:
 
 
 def materialised(module: torch.nn.Module, name: str = "weight") -> torch.Tensor:
-    """The tensor `module.<name>` holds (None if it has none), fetched from the hook's offloaded weights when on `meta`."""
+    """The tensor `module.<name>` holds (None if it has none), fetched from the hook's offloaded
+    weights when on `meta`."""
     tensor = getattr(module, name, None)
     if tensor is None or tensor.device.type != "meta":
         return tensor
     hook = hook_of(module)
     weights = getattr(hook, "weights_map", None)
     if weights is None:
-        raise ArborError(f"{type(module).__name__}.{name} is on the meta device with no offloaded copy: "
-                         "load the model with a device map that gives it a device, cpu or disk")
+        raise ArborError(
+            f"{type(module).__name__}.{name} is on the meta device with no offloaded copy: "
+            "load the model with a device map that gives it a device, cpu or disk"
+        )
     return weights[name].to(tensor.dtype)

@@ -34,7 +34,8 @@ def dfs_order(tree: TokenTree) -> list[int]:
     while stack:
         node = stack.pop()
         order.append(node)
-        kids = sorted(tree.children[node], key=lambda c: -sizes[c])  # heaviest first, ties in sibling order
+        # heaviest first, ties in sibling order
+        kids = sorted(tree.children[node], key=lambda c: -sizes[c])
         stack.extend(reversed(kids))
     return order
 

@@ -29,8 +29,10 @@ import torch
 
 from ..errors import ArborError
 
-GREEDY_DRAFT_TEMPERATURE = 0.0  # draft side at target temperature 0: ordered draws (docs/algorithms.md §7)
-ORDERED_VALUE_TEMPERATURE = 0.8  # the temperature ordered draws are valued at (module docstring; docs/algorithms.md §7)
+# draft side at target temperature 0: ordered draws (docs/algorithms.md §7)
+GREEDY_DRAFT_TEMPERATURE = 0.0
+# the temperature ordered draws are valued at (module docstring; docs/algorithms.md §7)
+ORDERED_VALUE_TEMPERATURE = 0.8
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,18 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
-    draft_temperature: float | None = None  # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE; 0: ordered draws)
-    # set only by `draft_side()` for draft_temperature 0 (never a constructor argument: ordered draws are lossless
-    # under greedy verification only): keyed draws take the top tokens in order
+    # draft side at temperature 0 (None: GREEDY_DRAFT_TEMPERATURE; 0: ordered draws)
+    draft_temperature: float | None = None
+    # set only by `draft_side()` for draft_temperature 0 (never a constructor argument: ordered
+    # draws are lossless under greedy verification only): keyed draws take the top tokens in order
     ordered_draws: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.draft_temperature is not None and not self.draft_temperature >= 0:
-            raise ArborError(f"draft temperature must be >= 0 (0 = the draft's most likely tokens in order), "
-                             f"got {self.draft_temperature}")
+            raise ArborError(
+                f"draft temperature must be >= 0 (0 = the draft's most likely tokens in order), "
+                f"got {self.draft_temperature}"
+            )
         if not self.temperature >= 0:
             raise ArborError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -62,18 +67,27 @@ class SamplingConfig:
         """The transform applied to draft logits (see module docstring)."""
         if not self.greedy:
             return self
-        temperature = GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
-        if temperature == 0:  # ordered draws, valued at `ORDERED_VALUE_TEMPERATURE` (module docstring)
+        temperature = (
+            GREEDY_DRAFT_TEMPERATURE if self.draft_temperature is None else self.draft_temperature
+        )
+        # ordered draws, valued at `ORDERED_VALUE_TEMPERATURE` (module docstring)
+        if temperature == 0:
             ordered = replace(self, temperature=ORDERED_VALUE_TEMPERATURE, draft_temperature=None)
             object.__setattr__(ordered, "ordered_draws", True)
             return ordered
         return replace(self, temperature=temperature, draft_temperature=None)
 
 
-def sampling_config(do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                    draft_temperature: float | None = None) -> SamplingConfig:
-    """From `transformers.generate`-style arguments: `do_sample=False` is greedy whatever the temperature;
-    temperature 0 is greedy too. `draft_temperature` is the draft side's at temperature 0."""
+def sampling_config(
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    draft_temperature: float | None = None,
+) -> SamplingConfig:
+    """From `transformers.generate`-style arguments: `do_sample=False` is greedy whatever the
+    temperature; temperature 0 is greedy too. `draft_temperature` is the draft
+    side's at temperature 0."""
     if temperature is not None and temperature < 0:
         raise ArborError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if not do_sample or temperature == 0:
@@ -113,13 +127,17 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def gumbel_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Standard Gumbel noise of the same shape, from `generator` (CPU noise, moved to probs' device)."""
-    u = torch.rand(probs.shape, generator=generator, dtype=torch.float32, device=generator_device(generator))
+    """Standard Gumbel noise of the same shape, from `generator` (CPU noise, moved
+    to probs' device)."""
+    u = torch.rand(
+        probs.shape, generator=generator, dtype=torch.float32, device=generator_device(generator)
+    )
     return (-torch.log(-torch.log(u.clamp_(1e-20, 1.0 - 1e-7)))).to(probs.device)
 
 
-def sample_without_replacement(probs: torch.Tensor, k: int, gumbel: torch.Tensor,
-                               support: torch.Tensor | None = None) -> list[int]:
+def sample_without_replacement(
+    probs: torch.Tensor, k: int, gumbel: torch.Tensor, support: torch.Tensor | None = None
+) -> list[int]:
     """The first k draws of sampling without replacement from `probs` `[V]`.
 
     Sorting `log p + G` (G i.i.d. Gumbel) in descending order gives exactly the

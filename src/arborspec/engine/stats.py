@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(kw_only=True)
 class StepStats:
-    accepted_length: int  # committed tokens this step, bonus included (after truncation at EOS/max_new_tokens)
+    # committed tokens this step, bonus included (after truncation at EOS/max_new_tokens)
+    accepted_length: int
     tree_size: int  # draft nodes verified (root excluded)
     tree_depth: int
     estimated_length: float  # the builder's own E[accepted length] = 1 + sum of node values
@@ -23,12 +24,14 @@ class StepStats:
     verify_time: float  # the target's tree forward + the LM-head rows the verifier read
     other_time: float  # verification walk, KV compaction, bookkeeping
     draft_forwards: int = 0
-    calibrated_length: float = 0.0  # E[accepted length] under the generation's online acceptance model (before this step)
+    # E[accepted length] under the generation's online acceptance model (before this step)
+    calibrated_length: float = 0.0
     # For acceptance-vs-draft-probability plots: every child the verifier examined
     examined_draft_probs: list[float] = field(default_factory=list)
     examined_values: list[float] = field(default_factory=list)
     examined_accepted: list[bool] = field(default_factory=list)
-    lookup_nodes: int = 0  # nodes grafted from earlier in the context (engine/lookup.py), part of tree_size
+    # nodes grafted from earlier in the context (engine/lookup.py), part of tree_size
+    lookup_nodes: int = 0
     lookup_accepted: int = 0  # accepted tokens that were grafted nodes
 
 
@@ -64,13 +67,17 @@ class GenerationResult:
         return sum(s.tree_size for s in self.steps) / len(self.steps) if self.steps else 0.0
 
     def summary(self) -> str:
-        t = {k: sum(getattr(s, k) for s in self.steps) for k in ("draft_time", "build_time", "verify_time", "other_time")}
+        t = {
+            k: sum(getattr(s, k) for s in self.steps)
+            for k in ("draft_time", "build_time", "verify_time", "other_time")
+        }
         total = sum(t.values()) or 1.0
         return (
-            f"{self.method}: {self.new_tokens} tokens in {len(self.steps)} steps, "
-            f"accepted length {self.mean_accepted_length:.2f}/step, tree {self.mean_tree_size:.1f} nodes, "
-            f"{self.tokens_per_second:.1f} tok/s, time draft {t['draft_time'] / total:.0%} / build {t['build_time'] / total:.0%} "
-            f"/ verify {t['verify_time'] / total:.0%} / other {t['other_time'] / total:.0%}"
+            f"{self.method}: {self.new_tokens} tokens in {len(self.steps)} steps, accepted length "
+            f"{self.mean_accepted_length:.2f}/step, tree {self.mean_tree_size:.1f} nodes, "
+            f"{self.tokens_per_second:.1f} tok/s, time draft {t['draft_time'] / total:.0%} / build "
+            f"{t['build_time'] / total:.0%} / verify {t['verify_time'] / total:.0%} / other "
+            f"{t['other_time'] / total:.0%}"
         )
 
     def to_dict(self) -> dict:

@@ -34,8 +34,10 @@ class TokenTree:
     values: list[float]  # estimated probability that the node gets accepted (root: 1.0)
     children: list[list[int]]
     children_mode: ChildrenMode = "selected"
-    child_dists: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> [V] probs its children came from
-    draft_probs: list[float] = field(default_factory=list)  # D(token | parent path) of each node (root: 1.0)
+    # node -> [V] probs its children came from
+    child_dists: dict[int, torch.Tensor] = field(default_factory=dict)
+    # D(token | parent path) of each node (root: 1.0)
+    draft_probs: list[float] = field(default_factory=list)
 
     @classmethod
     def from_root(cls, root_token: int, children_mode: ChildrenMode = "selected") -> "TokenTree":
@@ -137,8 +139,14 @@ class TokenTree:
         for i in keep:
             if self.parents[i] not in new_of:
                 raise ValueError(f"node {i} is kept without its parent {self.parents[i]}")
-            new_of[i] = out.add(new_of[self.parents[i]], self.tokens[i], self.values[i], self.draft_probs[i])
-        out.child_dists = {new_of[n]: d for n, d in self.child_dists.items() if n in new_of and out.children[new_of[n]]}
+            new_of[i] = out.add(
+                new_of[self.parents[i]], self.tokens[i], self.values[i], self.draft_probs[i]
+            )
+        out.child_dists = {
+            new_of[n]: d
+            for n, d in self.child_dists.items()
+            if n in new_of and out.children[new_of[n]]
+        }
         return out
 
     def permuted(self, order: list[int]) -> "TokenTree":
@@ -164,6 +172,7 @@ class TokenTree:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool "may attend" -> additive float mask in the model dtype (the safe form for sdpa and eager)."""
+    """Bool "may attend" -> additive float mask in the model dtype (the safe form
+    for sdpa and eager)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)

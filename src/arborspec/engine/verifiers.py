@@ -45,12 +45,18 @@ class VerifyResult:
         return len(self.accepted) + 1
 
 
-# A node-level rule: (target probs at node [V], tree, node, generator) -> (accepted child or None, bonus probs)
-NodeRule = Callable[[torch.Tensor, TokenTree, int, torch.Generator | None], tuple[int | None, torch.Tensor | int]]
+# A node-level rule: (target probs at node [V], tree, node, generator) -> (accepted child or None,
+# bonus probs)
+NodeRule = Callable[
+    [torch.Tensor, TokenTree, int, torch.Generator | None], tuple[int | None, torch.Tensor | int]
+]
 
 
-def _walk(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, generator, rule: NodeRule) -> VerifyResult:
-    """Shared walk: at each node apply `rule`; descend into the accepted child or stop with a bonus."""
+def _walk(
+    tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig, generator, rule: NodeRule
+) -> VerifyResult:
+    """Shared walk: at each node apply `rule`; descend into the accepted child or
+    stop with a bonus."""
     node, accepted = 0, []
     while True:
         probs = probs_from_logits(target_logits[node], cfg)  # [V]
@@ -82,14 +88,19 @@ def _residual(r: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 def _rejection_rule(with_replacement: bool) -> NodeRule:
     def rule(probs, tree, node, generator):
         if node not in tree.child_dists:
-            raise ArborError("a rejection verifier needs the draft distribution of every expanded node: "
-                             "this tree was not built by sampling; use the greedy or sample-match verifier")
+            raise ArborError(
+                "a rejection verifier needs the draft distribution of every expanded node: "
+                "this tree was not built by sampling; use the greedy or sample-match verifier"
+            )
         r = probs.clone()
         d = tree.child_dists[node].to(r.device, torch.float32).clone()
         for child in tree.children[node]:
             y = tree.tokens[child]
             if d[y] <= 0:
-                raise RuntimeError(f"child token {y} has draft probability 0: the tree was not sampled from child_dists")
+                raise RuntimeError(
+                    f"child token {y} has draft probability 0: the tree was not "
+                    "sampled from child_dists"
+                )
             # accept y with probability min(1, R[y] / D[y])
             u = float(torch.rand((), generator=generator, device=generator_device(generator)))
             if u * float(d[y]) < float(r[y]):
@@ -107,8 +118,9 @@ def _rejection_rule(with_replacement: bool) -> NodeRule:
 
 
 def greedy(tree, target_logits, cfg, generator=None) -> VerifyResult:
-    """Descend while a child holds the target's argmax token; that token is the bonus where none does.
-    Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain decoding uses too."""
+    """Descend while a child holds the target's argmax token; that token is the bonus where none
+    does. Rows are read through `greedy_token` (engine/lm_head.py): the screened argmax plain
+    decoding uses too."""
     node, accepted = 0, []
     while True:
         best = greedy_token(target_logits, node)
@@ -138,18 +150,23 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
     "rejection-wr": rejection_with_replacement,
 }
 
-# Which verifiers are lossless for each way of producing children (the pairing rule, docs/algorithms.md §2).
-# The rule holds for any draft distribution, including one that is zero outside a reduced draft vocabulary
-# (FR-Spec, the draft head's `vocab_ids`): rejection verifiers replay the exact distribution the children were
-# drawn from, and sample-match / greedy never read draft probabilities (docs/algorithms.md §6).
+# Which verifiers are lossless for each way of producing children (the pairing rule,
+# docs/algorithms.md §2). The rule holds for any draft distribution, including one that is zero
+# outside a reduced draft vocabulary (FR-Spec, the draft head's `vocab_ids`): rejection verifiers
+# replay the exact distribution the children were drawn from, and sample-match / greedy never read
+# draft probabilities (docs/algorithms.md §6).
 LOSSLESS = {
     "without_replacement": {"rejection", "sample-match"},
     "with_replacement": {"rejection-wr", "sample-match"},
     "selected": {"sample-match"},
 }
-DEFAULT = {"without_replacement": "rejection", "with_replacement": "rejection-wr", "selected": "sample-match"}
-# Verifiers lossless for any tree, whatever proposed its nodes: they never read draft probabilities (nodes may be
-# added to a tree after its builder, engine/lookup.py).
+DEFAULT = {
+    "without_replacement": "rejection",
+    "with_replacement": "rejection-wr",
+    "selected": "sample-match",
+}
+# Verifiers lossless for any tree, whatever proposed its nodes: they never read draft probabilities
+# (nodes may be added to a tree after its builder, engine/lookup.py).
 ANY_TREE = frozenset({"greedy", "sample-match"})
 
 
@@ -162,10 +179,14 @@ def choose_verifier(children_mode: str, cfg: SamplingConfig, requested: str | No
     if cfg.greedy:
         return "greedy"  # every verifier reduces to greedy acceptance at temperature 0
     if requested == "greedy":
-        raise ArborError("the greedy verifier is only lossless at temperature 0: drop --verifier or set --temperature 0")
+        raise ArborError(
+            "the greedy verifier is only lossless at temperature 0: drop --verifier "
+            "or set --temperature 0"
+        )
     if requested not in LOSSLESS[children_mode]:
         raise ArborError(
-            f"verifier {requested!r} is not lossless for a tree whose children are {children_mode.replace('_', ' ')}: "
-            f"use {' or '.join(sorted(LOSSLESS[children_mode]))}"
+            f"verifier {requested!r} is not lossless for a tree whose children are "
+            f"{children_mode.replace('_', ' ')}: use "
+            f"{' or '.join(sorted(LOSSLESS[children_mode]))}"
         )
     return requested

@@ -22,11 +22,12 @@ def _by_length(lengths: list[int], rng: random.Random, random_ties: bool) -> lis
     return sorted(range(len(lengths)), key=lengths.__getitem__)
 
 
-def length_batches(lengths: list[int], size: int, rng: random.Random,
-                   random_ties: bool = False) -> list[list[int]]:
+def length_batches(
+    lengths: list[int], size: int, rng: random.Random, random_ties: bool = False
+) -> list[list[int]]:
     """Batches of `size` indices (the last may be smaller) of similar `lengths`, shuffled."""
     order = _by_length(lengths, rng, random_ties)
-    batches = [order[i:i + size] for i in range(0, len(order), size)]
+    batches = [order[i : i + size] for i in range(0, len(order), size)]
     rng.shuffle(batches)
     return batches
 

@@ -1,4 +1,5 @@
-"""C2T, offline half: training data and training of the pruning classifier (Huo et al. 2025, "C2T", Sec. 4.1, App. B).
+"""C2T, offline half: training data and training of the pruning classifier (Huo et al. 2025,
+"C2T", Sec. 4.1, App. B).
 
 The classifier, its three features and its file format are the online half's
 (`builders/c2t_classifier.py`); this module only writes classifier files.
@@ -28,7 +29,13 @@ import torch
 from torch import nn
 
 from ..builders.base import top_children
-from ..builders.c2t_classifier import DEFAULT_CLASSIFIER, C2TClassifier, c2t_features, make_classifier, save_classifier
+from ..builders.c2t_classifier import (
+    DEFAULT_CLASSIFIER,
+    C2TClassifier,
+    c2t_features,
+    make_classifier,
+    save_classifier,
+)
 from ..common.chat import encode_prompt, eos_ids
 from ..common.progress import progress_enumerate
 from ..common.provenance import machine_info, utc_timestamp
@@ -79,7 +86,9 @@ class C2TDataset:
         return int(self.tree_ids.max()) + 1 if self.tree_ids.numel() else 0
 
 
-def expanded_tree(ctx: DraftContext, root_token: int, k: int, depth: int) -> tuple[TokenTree, torch.Tensor]:
+def expanded_tree(
+    ctx: DraftContext, root_token: int, k: int, depth: int
+) -> tuple[TokenTree, torch.Tensor]:
     """EAGLE-2 style expansion; returns the tree and the features `[N-1, 3]` of nodes 1..N-1."""
     tree = TokenTree.from_root(root_token, "selected")
     feats, frontier = [], [0]
@@ -88,17 +97,22 @@ def expanded_tree(ctx: DraftContext, root_token: int, k: int, depth: int) -> tup
         if not cands.parents:
             break
         features = c2t_features(cands)  # [C, 3]
-        added = cands.add(tree, values=features[:, 0].tolist())  # node value = the joint-probability feature
+        # node value = the joint-probability feature
+        added = cands.add(tree, values=features[:, 0].tolist())
         feats.append(features)
         best = features[:, 0].topk(min(k, len(added))).indices.tolist()
         frontier = [added[i] for i in best]
     return tree, torch.cat(feats) if feats else torch.zeros(0, 3)
 
 
-def label_tree(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig,
-               generator: torch.Generator | None = None) -> torch.Tensor:  # [N, V] -> [N] bool
-    """True for the root and the nodes the verifier of selected trees accepts (greedy at temperature 0,
-    else sample-and-match): the path along which the target's own choices follow the tree."""
+def label_tree(
+    tree: TokenTree,
+    target_logits: torch.Tensor,
+    cfg: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [N, V] -> [N] bool
+    """True for the root and the nodes the verifier of selected trees accepts (greedy at temperature
+    0, else sample-and-match): the path along which the target's own choices follow the tree."""
     verify = greedy if cfg.greedy else sample_match
     accepted = torch.zeros(tree.num_nodes, dtype=torch.bool)
     accepted[[0] + verify(tree, target_logits, cfg, generator).accepted] = True
@@ -106,31 +120,44 @@ def label_tree(tree: TokenTree, target_logits: torch.Tensor, cfg: SamplingConfig
 
 
 def tree_positions(prompt_len: int, total_len: int, count: int) -> list[int]:
-    """`count` root positions spread evenly from the prompt's last token to the second-last token."""
+    """`count` root positions spread evenly from the prompt's last token to the
+    second-last token."""
     first, last = prompt_len - 1, total_len - 2
     if last <= first or count <= 1:
         return [first]
     return sorted({first + round(i * (last - first) / (count - 1)) for i in range(count)})
 
 
-def collect_training_data(target_model, drafter: Drafter, prompts: list[list[int]], cfg: C2TConfig,
-                          eos_token_ids: tuple[int, ...] = (), progress: bool = True) -> C2TDataset:
+def collect_training_data(
+    target_model,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    cfg: C2TConfig,
+    eos_token_ids: tuple[int, ...] = (),
+    progress: bool = True,
+) -> C2TDataset:
     """Expanded draft trees at real positions, labelled by one target tree forward each."""
     target = ModelAdapter(target_model)
     sampling = cfg.sampling
     gen = torch.Generator().manual_seed(cfg.seed)
     feats, labels, ids_of_tree = [], [], []
     for i, prompt in progress_enumerate(prompts, "C2T trees", progress):
-        dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, sampling=sampling, seed=cfg.seed + i,
-                            eos_token_ids=eos_token_ids)
+        dcfg = DecodeConfig(
+            max_new_tokens=cfg.max_new_tokens,
+            sampling=sampling,
+            seed=cfg.seed + i,
+            eos_token_ids=eos_token_ids,
+        )
         out = autoregressive_generate(target, list(prompt), dcfg).output_ids
         ids = list(prompt) + out
         target.reset()
         drafter.reset()
-        drafter.observe_sequence(target, ids)  # the draft head: the target's features of the whole sequence first
+        # the draft head: the target's features of the whole sequence first
+        drafter.observe_sequence(target, ids)
         for pos in tree_positions(len(prompt), len(ids), cfg.positions_per_prompt):
             if pos > target.cache_len:
-                target.prefill(torch.tensor(ids[target.cache_len:pos]))  # everything before the root
+                # everything before the root
+                target.prefill(torch.tensor(ids[target.cache_len : pos]))
             ctx = DraftContext(drafter, sampling.draft_side(), gen, drafter.begin(ids[: pos + 1]))
             tree, tree_feats = expanded_tree(ctx, ids[pos], cfg.k, cfg.depth)
             drafter.commit(tree, [])  # drop the draft's expansion rows
@@ -156,8 +183,11 @@ def split_trees(data: C2TDataset, holdout: float, seed: int) -> tuple[torch.Tens
     return ~mask, mask
 
 
-def evaluate(confidence: torch.Tensor, joint: torch.Tensor, labels: torch.Tensor, beta: float) -> dict:
-    """Recall / positive rate / precision at `beta`, and joint-probability recall at the same positive rate."""
+def evaluate(
+    confidence: torch.Tensor, joint: torch.Tensor, labels: torch.Tensor, beta: float
+) -> dict:
+    """Recall / positive rate / precision at `beta`, and joint-probability recall at the
+    same positive rate."""
     pred = confidence >= beta
     pos = labels > 0.5
     kept = int(pred.sum())
@@ -166,27 +196,37 @@ def evaluate(confidence: torch.Tensor, joint: torch.Tensor, labels: torch.Tensor
     if kept:
         baseline[joint.topk(kept).indices] = True
     return {
-        "beta": beta, "nodes": int(labels.numel()), "positives": int(pos.sum()),
-        "recall": recall, "positive_rate": kept / max(labels.numel(), 1),
+        "beta": beta,
+        "nodes": int(labels.numel()),
+        "positives": int(pos.sum()),
+        "recall": recall,
+        "positive_rate": kept / max(labels.numel(), 1),
         "precision": float((pred & pos).sum()) / max(kept, 1),
         "joint_probability_recall": float((baseline & pos).sum()) / max(int(pos.sum()), 1),
     }
 
 
 def train(data: C2TDataset, cfg: C2TConfig, progress: bool = False) -> tuple[C2TClassifier, dict]:
-    """Fit the classifier with negative sampling; metrics on held-out trees (or on the training set if one tree)."""
+    """Fit the classifier with negative sampling; metrics on held-out trees (or on the
+    training set if one tree)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     train_mask, held_mask = split_trees(data, cfg.holdout, cfg.seed)
     x, y = data.features[train_mask], data.labels[train_mask]
     pos, neg = (y > 0.5).nonzero().squeeze(-1), (y < 0.5).nonzero().squeeze(-1)
     if pos.numel() == 0 or neg.numel() == 0:
-        raise ArborError("the training trees need both accepted and rejected nodes: collect more trees")
+        raise ArborError(
+            "the training trees need both accepted and rejected nodes: collect more trees"
+        )
     net = make_classifier()
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     loss_fn = nn.BCEWithLogitsLoss()
     for _ in progress_enumerate(list(range(cfg.epochs)), "training C2T", progress):
-        picked = neg[torch.randint(neg.numel(), (min(neg.numel(), cfg.neg_per_pos * pos.numel()),), generator=gen)]
+        picked = neg[
+            torch.randint(
+                neg.numel(), (min(neg.numel(), cfg.neg_per_pos * pos.numel()),), generator=gen
+            )
+        ]
         idx = torch.cat([pos, picked])
         idx = idx[torch.randperm(idx.numel(), generator=gen)]
         for batch in idx.split(cfg.batch_size):
@@ -199,26 +239,45 @@ def train(data: C2TDataset, cfg: C2TConfig, progress: bool = False) -> tuple[C2T
     xe, ye = data.features[eval_mask], data.labels[eval_mask]
     conf = clf.confidence(xe)
     metrics = evaluate(conf, xe[:, 0], ye, cfg.beta)
-    metrics["by_beta"] = [evaluate(conf, xe[:, 0], ye, b / 10) for b in range(1, 10)]  # to choose the builder's beta
-    metrics.update(train_nodes=int(train_mask.sum()), train_positives=int(pos.numel()),
-                   held_out_trees=int(data.tree_ids[held_mask].unique().numel()))
+    # to choose the builder's beta
+    metrics["by_beta"] = [evaluate(conf, xe[:, 0], ye, b / 10) for b in range(1, 10)]
+    metrics.update(
+        train_nodes=int(train_mask.sum()),
+        train_positives=int(pos.numel()),
+        held_out_trees=int(data.tree_ids[held_mask].unique().numel()),
+    )
     clf.meta = {"metrics": metrics, "config": asdict(cfg), **data.source}
     return clf, metrics
 
 
 # ---------------------------------------------------------------------------- entry points
-def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], cfg: C2TConfig | None = None, *,
-                     target_name: str, draft_name: str, prompts_source: str = "given token ids",
-                     eos_token_ids: tuple[int, ...] = (), out: str | Path | None = None,
-                     progress: bool = True) -> tuple[C2TClassifier, dict]:
+def train_c2t_models(
+    target_model,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    cfg: C2TConfig | None = None,
+    *,
+    target_name: str,
+    draft_name: str,
+    prompts_source: str = "given token ids",
+    eos_token_ids: tuple[int, ...] = (),
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> tuple[C2TClassifier, dict]:
     """Collect trees with loaded models, train, and save to `out` when given."""
     cfg = cfg or C2TConfig()
     data = collect_training_data(target_model, drafter, prompts, cfg, eos_token_ids, progress)
     data.source = {
-        "target": target_name, "draft": draft_name, "vocab_size": drafter.vocab_size,
-        "sampling": asdict(cfg.sampling), "label": "greedy" if cfg.sampling.greedy else "sampled",
-        "prompts_source": prompts_source, "trees": data.num_trees, "nodes": int(data.labels.numel()),
-        "positive_share": float(data.labels.mean()), "machine": machine_info(execution_device(target_model)),
+        "target": target_name,
+        "draft": draft_name,
+        "vocab_size": drafter.vocab_size,
+        "sampling": asdict(cfg.sampling),
+        "label": "greedy" if cfg.sampling.greedy else "sampled",
+        "prompts_source": prompts_source,
+        "trees": data.num_trees,
+        "nodes": int(data.labels.numel()),
+        "positive_share": float(data.labels.mean()),
+        "machine": machine_info(execution_device(target_model)),
         "created": utc_timestamp(),
     }
     clf, metrics = train(data, cfg, progress)
@@ -227,24 +286,44 @@ def train_c2t_models(target_model, drafter: Drafter, prompts: list[list[int]], c
     return clf, metrics
 
 
-def train_c2t(target: str = "embedded", draft: str | None = None, cfg: C2TConfig | None = None, *,
-              out: str | Path | None = None, prompts_file: str | Path | None = None,
-              device: str = "cpu", dtype: str = "float32", progress: bool = True, device_map: str | dict | None = None,
-              max_memory: str | dict | None = None, offload_folder: str | None = None) -> tuple[C2TClassifier, dict]:
+def train_c2t(
+    target: str = "embedded",
+    draft: str | None = None,
+    cfg: C2TConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    prompts_file: str | Path | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    progress: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | None = None,
+) -> tuple[C2TClassifier, dict]:
     """Load the pair by name (draft None = the target's default draft) and train its classifier.
 
-    `out` defaults to the shipped location, but only for the embedded target with its distilled draft.
+    `out` defaults to the shipped location, but only for the embedded target
+    with its distilled draft.
     """
     cfg = cfg or C2TConfig()
     pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
     if out is None:
         if (pair.target_name, pair.draft_name) != ("embedded", "embedded-draft"):
-            raise ArborError(f"give --out: only the embedded pair has a default classifier location "
-                             f"(this pair is {pair.target_name} + {pair.draft_name})")
+            raise ArborError(
+                f"give --out: only the embedded pair has a default classifier location "
+                f"(this pair is {pair.target_name} + {pair.draft_name})"
+            )
         out = DEFAULT_CLASSIFIER
     texts, source = read_prompts(prompts_file, cfg.num_prompts)
     return train_c2t_models(
-        pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
-        target_name=pair.target_name, draft_name=pair.draft_name, prompts_source=source,
-        eos_token_ids=eos_ids(pair.tokenizer, pair.target.model), out=out, progress=progress,
+        pair.target.model,
+        pair.drafter,
+        [encode_prompt(pair.tokenizer, t) for t in texts],
+        cfg,
+        target_name=pair.target_name,
+        draft_name=pair.draft_name,
+        prompts_source=source,
+        eos_token_ids=eos_ids(pair.tokenizer, pair.target.model),
+        out=out,
+        progress=progress,
     )

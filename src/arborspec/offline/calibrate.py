@@ -52,7 +52,12 @@ from ..engine.contracts import Drafter
 from ..engine.cost import CostCurve, measure_cost_curve
 from ..engine.placement import execution_device
 from ..engine.decode import DecodeConfig, autoregressive_generate
-from ..engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
+from ..engine.sampling import (
+    SamplingConfig,
+    gumbel_like,
+    probs_from_logits,
+    sample_without_replacement,
+)
 from ..engine.tree import TokenTree
 from ..engine.verifiers import rejection
 from ..errors import ArborError, Interrupted
@@ -61,6 +66,7 @@ from .prompts import read_prompts
 
 CALIBRATION_FORMAT = "arborspec-calibration/1"
 PROGRESS_FORMAT = "arborspec-calibration-progress/1"
+
 
 @dataclass(kw_only=True)
 class CalibrationConfig:
@@ -103,7 +109,12 @@ class Calibration:
 
     @property
     def cost(self) -> CostCurve:
-        return CostCurve(tuple(self.time_tokens), tuple(self.time_relative), self.time_one_token_s, self.draft_cost)
+        return CostCurve(
+            tuple(self.time_tokens),
+            tuple(self.time_relative),
+            self.time_one_token_s,
+            self.draft_cost,
+        )
 
     def t(self, tokens: int) -> float:
         """Relative target forward time for `tokens` new tokens (the engine's `CostCurve.t`)."""
@@ -114,8 +125,11 @@ class Calibration:
 
 
 # ---------------------------------------------------------------------------- acceptance
-def one_level_tree(draft_probs: torch.Tensor, k: int, gumbel: torch.Tensor, root_token: int = 0) -> TokenTree:
-    """A root with up to k children drawn without replacement from `draft_probs` `[V]` (Gumbel top-k)."""
+def one_level_tree(
+    draft_probs: torch.Tensor, k: int, gumbel: torch.Tensor, root_token: int = 0
+) -> TokenTree:
+    """A root with up to k children drawn without replacement from `draft_probs`
+    `[V]` (Gumbel top-k)."""
     tree = TokenTree.from_root(root_token, "without_replacement")
     tree.child_dists[0] = draft_probs
     for y in sample_without_replacement(draft_probs, k, gumbel):
@@ -131,8 +145,8 @@ def accepted_child_index(
     generator: torch.Generator,
     ordered: bool = False,
 ) -> int | None:
-    """Sample k children (`ordered`: take the k most likely, as ordered draws at temperature 0 do), verify them
-    with `rejection`; the 0-based index of the accepted child, or None."""
+    """Sample k children (`ordered`: take the k most likely, as ordered draws at temperature 0 do),
+    verify them with `rejection`; the 0-based index of the accepted child, or None."""
     noise = torch.zeros_like(draft_probs) if ordered else gumbel_like(draft_probs, generator)
     tree = one_level_tree(draft_probs, k, noise)
     logits = target_logits.unsqueeze(0).expand(tree.num_nodes, -1)  # [N, V]; only row 0 decides
@@ -140,10 +154,12 @@ def accepted_child_index(
     return tree.children[0].index(result.accepted[0]) if result.accepted else None
 
 
-def draft_logits_along(drafter: Drafter, ids: list[int], start: int,
-                       target: ModelAdapter | None = None) -> torch.Tensor:  # [len(ids) - start, V]
-    """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental `begin`).
-    A drafter that reads the target's features (the draft head) first observes those of `ids` from `target`."""
+def draft_logits_along(
+    drafter: Drafter, ids: list[int], start: int, target: ModelAdapter | None = None
+) -> torch.Tensor:  # [len(ids) - start, V]
+    """The draft's next-token logits after ids[:i+1] for i = start .. len(ids)-1 (incremental
+    `begin`). A drafter that reads the target's features (the draft head) first observes those of
+    `ids` from `target`."""
     drafter.reset()
     drafter.observe_sequence(target, ids)
     return torch.stack([drafter.begin(ids[: i + 1]) for i in range(start, len(ids))])
@@ -157,13 +173,15 @@ def target_logits_along(model, ids: list[int], start: int) -> torch.Tensor:  # [
 
 @dataclass(kw_only=True)
 class AcceptanceTally:
-    """The accepted-child histogram over the first `prompts_done` prompts, and the sampler's random state then."""
+    """The accepted-child histogram over the first `prompts_done` prompts, and the sampler's
+    random state then."""
 
     hits: list[int]  # trials that accepted the k-th child, k = 1..K
     positions: int = 0
     trials: int = 0
     prompts_done: int = 0
-    generator: str = ""  # state of the acceptance sampler after those prompts (base64); "" = not started
+    # state of the acceptance sampler after those prompts (base64); "" = not started
+    generator: str = ""
 
     @property
     def acceptance(self) -> list[float]:
@@ -179,13 +197,19 @@ def _sampler(tally: AcceptanceTally, seed: int) -> torch.Generator:
 
 
 def measure_acceptance(
-    target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig,
-    eos_token_ids: tuple[int, ...] = (), progress: bool = True, start: AcceptanceTally | None = None,
+    target_model,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    cfg: CalibrationConfig,
+    eos_token_ids: tuple[int, ...] = (),
+    progress: bool = True,
+    start: AcceptanceTally | None = None,
     on_prompt: Callable[[AcceptanceTally], None] | None = None,
 ) -> AcceptanceTally:
     """Histogram of the accepted child index over all positions of all prompts.
 
-    `start`: a tally of the first prompts (resume); `on_prompt` receives a new tally after every prompt.
+    `start`: a tally of the first prompts (resume); `on_prompt` receives a new
+    tally after every prompt.
     """
     sampling = cfg.sampling
     draft_side = sampling.draft_side()
@@ -195,23 +219,42 @@ def measure_acceptance(
     first = tally.prompts_done
     for j, prompt in progress_enumerate(prompts[first:], "acceptance", progress):
         i = first + j
-        dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, sampling=sampling, seed=cfg.seed + i,
-                            eos_token_ids=eos_token_ids)
+        dcfg = DecodeConfig(
+            max_new_tokens=cfg.max_new_tokens,
+            sampling=sampling,
+            seed=cfg.seed + i,
+            eos_token_ids=eos_token_ids,
+        )
         ids = list(prompt) + autoregressive_generate(target, list(prompt), dcfg).output_ids
         start_pos = max(len(prompt) - 1, 0)
         t_logits = target_logits_along(target_model, ids, start_pos)  # [P, V]
-        d_probs = probs_from_logits(draft_logits_along(drafter, ids, start_pos, target).cpu(), draft_side)  # [P, V]
+        # [P, V]
+        d_probs = probs_from_logits(
+            draft_logits_along(drafter, ids, start_pos, target).cpu(), draft_side
+        )
         hits, trials = list(tally.hits), tally.trials
         for row in range(t_logits.shape[0]):
             for _ in range(cfg.draws):
-                k = accepted_child_index(t_logits[row], d_probs[row], cfg.children, sampling, gen,
-                                         draft_side.ordered_draws)
+                k = accepted_child_index(
+                    t_logits[row],
+                    d_probs[row],
+                    cfg.children,
+                    sampling,
+                    gen,
+                    draft_side.ordered_draws,
+                )
                 if k is not None:
                     hits[k] += 1
                 trials += 1
         state = base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
-        tally = AcceptanceTally(hits=hits, positions=tally.positions + t_logits.shape[0], trials=trials,
-                                prompts_done=i + 1, generator=state)  # one assignment: never half updated
+        # one assignment: never half updated
+        tally = AcceptanceTally(
+            hits=hits,
+            positions=tally.positions + t_logits.shape[0],
+            trials=trials,
+            prompts_done=i + 1,
+            generator=state,
+        )
         if on_prompt is not None:
             on_prompt(tally)
     return tally
@@ -220,21 +263,27 @@ def measure_acceptance(
 # ---------------------------------------------------------------------------- costs
 def timing_sizes(max_tree_tokens: int) -> list[int]:
     """k = 1, 2, 4, ... up to `max_tree_tokens` (and it)."""
-    return sorted({1 << i for i in range(max_tree_tokens.bit_length()) if 1 << i <= max_tree_tokens} | {max_tree_tokens})
+    return sorted(
+        {1 << i for i in range(max_tree_tokens.bit_length()) if 1 << i <= max_tree_tokens}
+        | {max_tree_tokens}
+    )
 
 
 # ---------------------------------------------------------------------------- progress (resume)
 def progress_path(out: str | Path) -> Path:
-    """Where an unfinished calibration keeps its progress: `<out>.partial`, beside the output file."""
+    """Where an unfinished calibration keeps its progress: `<out>.partial`,
+    beside the output file."""
     out = Path(out)
     return out.with_name(out.name + ".partial")
 
 
 @dataclass(kw_only=True)
 class CalibrationProgress:
-    """What a calibration has measured so far: saved after every prompt and after the timing table."""
+    """What a calibration has measured so far: saved after every prompt and
+    after the timing table."""
 
-    settings: dict  # what a resume must match: the pair, the vocabulary, the prompts and every config field
+    # what a resume must match: the pair, the vocabulary, the prompts and every config field
+    settings: dict
     tally: AcceptanceTally
     timing: dict | None = None  # the measured cost curve (`CostCurve.as_dict`), once measured
     format: str = PROGRESS_FORMAT
@@ -248,29 +297,49 @@ class CalibrationProgress:
         try:
             if data.get("format") != PROGRESS_FORMAT:
                 raise TypeError(f"format {data.get('format')!r}")
-            return cls(settings=dict(data["settings"]), tally=AcceptanceTally(**data["tally"]), timing=data["timing"])
+            return cls(
+                settings=dict(data["settings"]),
+                tally=AcceptanceTally(**data["tally"]),
+                timing=data["timing"],
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ArborError(f"{str(path)!r} is not a calibration progress file ({exc}): delete it to start over") from None
+            raise ArborError(
+                f"{str(path)!r} is not a calibration progress file ({exc}): delete it to start over"
+            ) from None
 
 
-def calibration_settings(target_name: str, draft_name: str, cfg: CalibrationConfig, prompts_source: str) -> dict:
-    """The settings a progress file records and a resume must match (vocabulary and prompt ids are added
-    once the models are loaded)."""
-    return {"target": target_name, "draft": draft_name, "prompts_source": prompts_source, **asdict(cfg)}
+def calibration_settings(
+    target_name: str, draft_name: str, cfg: CalibrationConfig, prompts_source: str
+) -> dict:
+    """The settings a progress file records and a resume must match (vocabulary and prompt ids are
+    added once the models are loaded)."""
+    return {
+        "target": target_name,
+        "draft": draft_name,
+        "prompts_source": prompts_source,
+        **asdict(cfg),
+    }
 
 
-def open_progress(path: str | Path | None, settings: dict, resume: bool) -> CalibrationProgress | None:
-    """The saved progress at `path` to continue from, if any; refuse it without `resume` or when one of
-    `settings` differs (one-line ArborErrors)."""
+def open_progress(
+    path: str | Path | None, settings: dict, resume: bool
+) -> CalibrationProgress | None:
+    """The saved progress at `path` to continue from, if any; refuse it without `resume` or when one
+    of `settings` differs (one-line ArborErrors)."""
     if path is None or not Path(path).exists():
         return None
     if not resume:
-        raise ArborError(f"{path} holds an unfinished calibration: pass --resume to continue it, or delete it to start over")
+        raise ArborError(
+            f"{path} holds an unfinished calibration: pass --resume to continue it, or "
+            "delete it to start over"
+        )
     saved = CalibrationProgress.load(path)
     for key, value in settings.items():
         if saved.settings.get(key) != value:
-            raise ArborError(f"{path} was made with {key}={saved.settings.get(key)!r}, not {value!r}: "
-                             "resume with the same settings, or delete it to start over")
+            raise ArborError(
+                f"{path} was made with {key}={saved.settings.get(key)!r}, not {value!r}: "
+                "resume with the same settings, or delete it to start over"
+            )
     return saved
 
 
@@ -280,70 +349,122 @@ def _prompts_digest(prompts: list[list[int]]) -> str:
 
 # ---------------------------------------------------------------------------- entry points
 def calibrate_models(
-    target_model, drafter: Drafter, prompts: list[list[int]], cfg: CalibrationConfig | None = None, *,
-    target_name: str, draft_name: str, prompts_source: str = "given token ids",
-    eos_token_ids: tuple[int, ...] = (), progress: bool = True, progress_file: str | Path | None = None,
+    target_model,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    cfg: CalibrationConfig | None = None,
+    *,
+    target_name: str,
+    draft_name: str,
+    prompts_source: str = "given token ids",
+    eos_token_ids: tuple[int, ...] = (),
+    progress: bool = True,
+    progress_file: str | Path | None = None,
     resume: bool = False,
 ) -> Calibration:
     """Measure the acceptance vector and the costs for loaded models (`prompts` as token ids).
 
-    `progress_file`: keep the progress there (see the module docstring; the caller removes it once the
-    result is saved); `resume`: continue from it.
+    `progress_file`: keep the progress there (see the module docstring; the caller removes it once
+    the result is saved); `resume`: continue from it.
     """
     cfg = cfg or CalibrationConfig()
-    check_vocab_size(drafter.vocab_size, target_model.get_output_embeddings().weight.shape[0],
-                     fix="calibrate a pair that shares a tokenizer")
+    check_vocab_size(
+        drafter.vocab_size,
+        target_model.get_output_embeddings().weight.shape[0],
+        fix="calibrate a pair that shares a tokenizer",
+    )
     if not prompts:
         raise ArborError("no calibration prompts")
-    settings = {**calibration_settings(target_name, draft_name, cfg, prompts_source),
-                "vocab_size": drafter.vocab_size, "prompts": _prompts_digest(prompts)}
+    settings = {
+        **calibration_settings(target_name, draft_name, cfg, prompts_source),
+        "vocab_size": drafter.vocab_size,
+        "prompts": _prompts_digest(prompts),
+    }
     state = open_progress(progress_file, settings, resume)
-    state = state or CalibrationProgress(settings=settings, tally=AcceptanceTally(hits=[0] * cfg.children))
+    state = state or CalibrationProgress(
+        settings=settings, tally=AcceptanceTally(hits=[0] * cfg.children)
+    )
 
     def keep(tally: AcceptanceTally) -> None:
         state.tally = tally
         if progress_file is not None:
             state.save(progress_file)
 
-    tally = measure_acceptance(target_model, drafter, prompts, cfg, eos_token_ids, progress, state.tally, keep)
+    tally = measure_acceptance(
+        target_model, drafter, prompts, cfg, eos_token_ids, progress, state.tally, keep
+    )
     if state.timing is None:
-        curve = measure_cost_curve(ModelAdapter(target_model), drafter, cfg.timing_context,
-                                   timing_sizes(cfg.max_tree_tokens), cfg.timing_repeats, cfg.seed)
+        curve = measure_cost_curve(
+            ModelAdapter(target_model),
+            drafter,
+            cfg.timing_context,
+            timing_sizes(cfg.max_tree_tokens),
+            cfg.timing_repeats,
+            cfg.seed,
+        )
         state.timing = curve.as_dict()
         keep(tally)
     curve = CostCurve.from_dict(state.timing)
     acceptance, trials = tally.acceptance, tally.trials
     p1 = acceptance[0]
     return Calibration(
-        target=target_name, draft=draft_name, vocab_size=drafter.vocab_size, sampling=asdict(cfg.sampling),
-        acceptance=acceptance, positions=tally.positions, trials=trials, time_tokens=list(curve.tokens),
-        time_relative=list(curve.relative), time_one_token_s=curve.one_token_s, draft_cost=curve.draft_cost,
-        prompts_source=prompts_source, config=asdict(cfg), machine=machine_info(execution_device(target_model)),
-        created=utc_timestamp(), first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
+        target=target_name,
+        draft=draft_name,
+        vocab_size=drafter.vocab_size,
+        sampling=asdict(cfg.sampling),
+        acceptance=acceptance,
+        positions=tally.positions,
+        trials=trials,
+        time_tokens=list(curve.tokens),
+        time_relative=list(curve.relative),
+        time_one_token_s=curve.one_token_s,
+        draft_cost=curve.draft_cost,
+        prompts_source=prompts_source,
+        config=asdict(cfg),
+        machine=machine_info(execution_device(target_model)),
+        created=utc_timestamp(),
+        first_child_stderr=(p1 * (1 - p1) / max(trials, 1)) ** 0.5,
     )
 
 
 def calibrate(
-    target: str = "embedded", draft: str | None = None, cfg: CalibrationConfig | None = None, *,
-    prompts_file: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
-    device: str = "cpu", dtype: str = "float32", progress: bool = True, device_map: str | dict | None = None,
-    max_memory: str | dict | None = None, offload_folder: str | None = None,
+    target: str = "embedded",
+    draft: str | None = None,
+    cfg: CalibrationConfig | None = None,
+    *,
+    prompts_file: str | Path | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+    progress: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | None = None,
 ) -> Calibration:
     """Load the pair by name (draft None = the target's default draft), calibrate on chat-formatted
-    prompts, and write the JSON to `out` when given, keeping the progress beside it (`progress_path`)
-    until then. Ctrl-C after the first prompt raises `Interrupted` naming the progress file; `resume`
-    continues from it."""
+    prompts, and write the JSON to `out` when given, keeping the progress beside it
+    (`progress_path`) until then. Ctrl-C after the first prompt raises `Interrupted` naming the
+    progress file; `resume` continues from it."""
     cfg = cfg or CalibrationConfig()
     texts, source = read_prompts(prompts_file, cfg.num_prompts)
     partial = progress_path(out) if out is not None else None
     draft = draft or default_draft(target)
-    open_progress(partial, calibration_settings(target, draft, cfg, source), resume)  # refuse before loading
+    # refuse before loading
+    open_progress(partial, calibration_settings(target, draft, cfg, source), resume)
     pair = load_pair(target, draft, device, dtype, device_map, max_memory, offload_folder)
     try:
         result = calibrate_models(
-            pair.target.model, pair.drafter, [encode_prompt(pair.tokenizer, t) for t in texts], cfg,
-            target_name=pair.target_name, draft_name=pair.draft_name, prompts_source=source,
-            eos_token_ids=eos_ids(pair.tokenizer, pair.target.model), progress=progress, progress_file=partial,
+            pair.target.model,
+            pair.drafter,
+            [encode_prompt(pair.tokenizer, t) for t in texts],
+            cfg,
+            target_name=pair.target_name,
+            draft_name=pair.draft_name,
+            prompts_source=source,
+            eos_token_ids=eos_ids(pair.tokenizer, pair.target.model),
+            progress=progress,
+            progress_file=partial,
             resume=resume,
         )
         if out is not None:
@@ -351,38 +472,57 @@ def calibrate(
             partial.unlink(missing_ok=True)
     except KeyboardInterrupt:
         if partial is not None and partial.exists():
-            raise Interrupted(f"interrupted; progress kept in {partial}; rerun with --resume to continue") from None
+            raise Interrupted(
+                f"interrupted; progress kept in {partial}; rerun with --resume to continue"
+            ) from None
         raise
     return result
 
 
-def load_calibration(path: str | Path, target: str | None = None, draft: str | None = None) -> Calibration:
-    """Read a calibration JSON; raise a one-line ArborError when it is malformed or for another pair."""
+def load_calibration(
+    path: str | Path, target: str | None = None, draft: str | None = None
+) -> Calibration:
+    """Read a calibration JSON; raise a one-line ArborError when it is malformed
+    or for another pair."""
     path = Path(path)
     data = read_json_file(path, "calibration file", "run `arborspec calibrate` first")
     if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-        raise ArborError(f"{str(path)!r} is not an arborspec calibration file (expected format {CALIBRATION_FORMAT})")
+        raise ArborError(
+            f"{str(path)!r} is not an arborspec calibration file (expected format "
+            f"{CALIBRATION_FORMAT})"
+        )
     try:
         cal = Calibration(**data)
     except TypeError as exc:
         raise ArborError(f"calibration file {str(path)!r} is malformed ({exc})") from None
     acc = cal.acceptance
-    if not acc or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in acc) or sum(acc) > 1 + 1e-6:
+    if (
+        not acc
+        or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in acc)
+        or sum(acc) > 1 + 1e-6
+    ):
         raise ArborError(f"calibration file {str(path)!r} has an invalid acceptance vector")
     if len(cal.time_tokens) != len(cal.time_relative) or not cal.time_tokens:
         raise ArborError(f"calibration file {str(path)!r} has inconsistent timing tables")
     for role, want, have in [("target", target, cal.target), ("draft", draft, cal.draft)]:
         if want is not None and want != have:
-            raise ArborError(f"calibration file {str(path)!r} was measured for {role} {have!r}, not {want!r}: "
-                             f"recalibrate with `arborspec calibrate --{role} {want}`")
+            raise ArborError(
+                f"calibration file {str(path)!r} was measured for {role} {have!r}, not {want!r}: "
+                f"recalibrate with `arborspec calibrate --{role} {want}`"
+            )
     return cal
 
 
 def write_sequoia_shape(
-    calibration: Calibration | str | Path, out: str | Path, size: int | None = None, depth: int | None = None,
-    max_size: int = 128, max_depth: int = 12,
+    calibration: Calibration | str | Path,
+    out: str | Path,
+    size: int | None = None,
+    depth: int | None = None,
+    max_size: int = 128,
+    max_depth: int = 12,
 ) -> tuple[list[list[int]], dict]:
-    """Write the Sequoia shape for a calibration: DP optimum at (size, depth), or the hardware-aware choice.
+    """Write the Sequoia shape for a calibration: DP optimum at (size, depth), or the
+    hardware-aware choice.
 
     With `size` given, `depth` defaults to unbounded (= size). Without `size`,
     (size, depth) maximise the predicted speedup over sizes <= max_size and
@@ -396,11 +536,18 @@ def write_sequoia_shape(
     depth = size if depth is None else depth
     shape, score = optimal_shape(cal.acceptance, size, depth)
     meta = {
-        "target": cal.target, "draft": cal.draft, "sampling": cal.sampling, "acceptance": cal.acceptance,
-        "size": size, "depth": max(len(p) for p in shape), "depth_bound": depth, "choice": choice,
+        "target": cal.target,
+        "draft": cal.draft,
+        "sampling": cal.sampling,
+        "acceptance": cal.acceptance,
+        "size": size,
+        "depth": max(len(p) for p in shape),
+        "depth_bound": depth,
+        "choice": choice,
         "expected_accepted_length": score,
         "predicted_speedup": predicted_speedup(cal.acceptance, cal.t, cal.draft_cost, size, depth),
-        "calibration_created": cal.created, "machine": cal.machine,
+        "calibration_created": cal.created,
+        "machine": cal.machine,
     }
     save_shape(out, shape, **meta)
     return shape, meta

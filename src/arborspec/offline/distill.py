@@ -44,11 +44,25 @@ from ..errors import ArborError
 from ..models import load_model, load_tokenizer, parse_dtype
 from .batching import length_batches
 from .corpus import distill_prompts
-from .generation import (batch_is_sampled, batch_torch_seed, cut_at_eos, encode_prompts,
-                         left_padded, pad_token_id, sampling_kwargs)
+from .generation import (
+    batch_is_sampled,
+    batch_torch_seed,
+    cut_at_eos,
+    encode_prompts,
+    left_padded,
+    pad_token_id,
+    sampling_kwargs,
+)
 from .shards import ShardLoop, claim_data_dir, shard_paths
-from .training import (TrainingRun, WarmupCosine, held_out_split, interrupt_keeps_work,
-                       interrupted_at_checkpoint, optimizer_step, work_dir_for)
+from .training import (
+    TrainingRun,
+    WarmupCosine,
+    held_out_split,
+    interrupt_keeps_work,
+    interrupted_at_checkpoint,
+    optimizer_step,
+    work_dir_for,
+)
 
 STAGES = ("data", "train", "export")
 WEIGHTS_FILE = "model.safetensors"
@@ -58,9 +72,9 @@ WEIGHTS_FILE = "model.safetensors"
 
 @dataclass(kw_only=True)
 class DistillConfig:
-    target: str = "embedded"            # model name or path (arborspec.models.resolve_model_path)
+    target: str = "embedded"  # model name or path (arborspec.models.resolve_model_path)
     out_dir: str = "runs/distill/draft"  # final HF directory of the draft
-    work_dir: str = ""                  # data shards + checkpoints; default: <out_dir>.work
+    work_dir: str = ""  # data shards + checkpoints; default: <out_dir>.work
     # draft architecture
     layers: int = 3
     hidden: int = 128
@@ -74,29 +88,29 @@ class DistillConfig:
     max_new_tokens: int = 160
     gen_batch_size: int = 16
     topk: int = 32
-    sample_fraction: float = 0.5        # share of generation batches that sample instead of greedy
+    sample_fraction: float = 0.5  # share of generation batches that sample instead of greedy
     sample_temperature: float = 0.7
     max_prompt_tokens: int = 96
-    data_time_budget_s: float = 0.0     # stop generating after this many seconds (0: no limit)
+    data_time_budget_s: float = 0.0  # stop generating after this many seconds (0: no limit)
     # training
-    train_steps: int = 0                # 0: derived from epochs
+    train_steps: int = 0  # 0: derived from epochs
     epochs: float = 3.0
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 30
     weight_decay: float = 0.01
-    batch_size: int = 8                 # sequences per step
-    seq_len: int = 288                  # truncate prompt+response to this many tokens
+    batch_size: int = 8  # sequences per step
+    seq_len: int = 288  # truncate prompt+response to this many tokens
     hard_weight: float = 0.3
     grad_clip: float = 1.0
     ckpt_every: int = 50
-    train_time_budget_s: float = 0.0    # stop training (then export) after this long (0: no limit)
+    train_time_budget_s: float = 0.0  # stop training (then export) after this long (0: no limit)
     resume: bool = False
     # runtime
     seed: int = 0
     threads: int = 1
     device: str = "cpu"
-    dtype: str = "float32"              # training / generation dtype
+    dtype: str = "float32"  # training / generation dtype
     export_dtype: str = "float16"
     stages: str = "data,train,export"
 
@@ -137,9 +151,14 @@ def check_vocab_match(target, draft, *, probe: str | None = None) -> None:
     if t_tok is not None and d_tok is None and not hasattr(target, "config"):
         t_size = max(t_size, len(t_tok))
     # A tokenizer's len() may be below the (padded) embedding size; only compare like with like.
-    tokenizer_vs_padded = t_size is not None and d_size is not None and (
-        (t_tok is not None and d_tok is None and d_size >= t_size)
-        or (d_tok is not None and t_tok is None and t_size >= d_size))
+    tokenizer_vs_padded = (
+        t_size is not None
+        and d_size is not None
+        and (
+            (t_tok is not None and d_tok is None and d_size >= t_size)
+            or (d_tok is not None and t_tok is None and t_size >= d_size)
+        )
+    )
     if not tokenizer_vs_padded:
         check_vocab_size(d_size, t_size)
     if t_tok is not None and d_tok is not None:
@@ -163,18 +182,25 @@ def _prepare_data_dir(cfg: DistillConfig, prompts: list[str]) -> Path:
     """Create the data folder (refusing one made with other settings); record prompts, settings."""
     data_dir = cfg.work_path / "data"
     settings = {"gen_batch_size": cfg.gen_batch_size, "topk": cfg.topk, "seed": cfg.seed}
-    source = ("stdlib docstrings (Write/Explain/Implement ...) + hand-written topics x templates; "
-              "no MT-Bench/HumanEval")
-    record = {"num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
-              "target": cfg.target, "source": source}
+    source = (
+        "stdlib docstrings (Write/Explain/Implement ...) + hand-written topics x templates; "
+        "no MT-Bench/HumanEval"
+    )
+    record = {
+        "num_prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "target": cfg.target,
+        "source": source,
+    }
     claim_data_dir(data_dir, settings, record, hint="use another --work-dir or the same options")
     lines = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
     write_atomic(data_dir / "prompts.jsonl", lambda tmp: tmp.write_text(lines))
     return data_dir
 
 
-def _generate_shard(cfg: DistillConfig, model, tok, prompts: list[str],
-                    index: int) -> tuple[dict, dict, int]:
+def _generate_shard(
+    cfg: DistillConfig, model, tok, prompts: list[str], index: int
+) -> tuple[dict, dict, int]:
     """Batch `index`: the target's answers (greedy or sampled, by a seeded coin) and their top-k
     log-probabilities. Returns the shard's (tensors, metadata) and its number of answer tokens."""
     pad_id, eos = pad_token_id(tok), set(eos_ids(tok, model))
@@ -184,16 +210,20 @@ def _generate_shard(cfg: DistillConfig, model, tok, prompts: list[str],
     torch.manual_seed(batch_torch_seed(cfg.seed, index))
     with torch.inference_mode():
         out = model.generate(
-            input_ids=input_ids.to(model.device), attention_mask=attn.to(model.device),
-            max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, return_dict_in_generate=True,
-            output_logits=True, **sampling_kwargs(cfg.sample_temperature if sample else 0.0),
+            input_ids=input_ids.to(model.device),
+            attention_mask=attn.to(model.device),
+            max_new_tokens=cfg.max_new_tokens,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **sampling_kwargs(cfg.sample_temperature if sample else 0.0),
         )
-    seqs = out.sequences[:, input_ids.shape[1]:].cpu()
+    seqs = out.sequences[:, input_ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw target logits
     prompt_flat, prompt_off, resp_flat, resp_off, tk_ids, tk_lp = [], [0], [], [0], [], []
     for i, ids in enumerate(enc):
         resp = cut_at_eos(seqs[i].tolist(), eos)
-        lp = torch.log_softmax(logits[i, :len(resp)].cpu(), dim=-1)
+        lp = torch.log_softmax(logits[i, : len(resp)].cpu(), dim=-1)
         v, ix = lp.topk(cfg.topk, dim=-1)
         prompt_flat += ids
         prompt_off.append(len(prompt_flat))
@@ -201,13 +231,18 @@ def _generate_shard(cfg: DistillConfig, model, tok, prompts: list[str],
         resp_off.append(len(resp_flat))
         tk_ids.append(ix.to(torch.int32))
         tk_lp.append(v.to(torch.float16))
-    tensors = {"prompt_ids": torch.tensor(prompt_flat, dtype=torch.int32),
-               "prompt_offsets": torch.tensor(prompt_off, dtype=torch.int64),
-               "resp_ids": torch.tensor(resp_flat, dtype=torch.int32),
-               "resp_offsets": torch.tensor(resp_off, dtype=torch.int64),
-               "topk_ids": torch.cat(tk_ids), "topk_logprobs": torch.cat(tk_lp)}
-    metadata = {"mode": "sample" if sample else "greedy",
-                "temperature": str(cfg.sample_temperature if sample else 0.0)}
+    tensors = {
+        "prompt_ids": torch.tensor(prompt_flat, dtype=torch.int32),
+        "prompt_offsets": torch.tensor(prompt_off, dtype=torch.int64),
+        "resp_ids": torch.tensor(resp_flat, dtype=torch.int32),
+        "resp_offsets": torch.tensor(resp_off, dtype=torch.int64),
+        "topk_ids": torch.cat(tk_ids),
+        "topk_logprobs": torch.cat(tk_lp),
+    }
+    metadata = {
+        "mode": "sample" if sample else "greedy",
+        "temperature": str(cfg.sample_temperature if sample else 0.0),
+    }
     return tensors, metadata, len(resp_flat)
 
 
@@ -216,10 +251,15 @@ def generate_data(cfg: DistillConfig, model, tok, progress: bool = True) -> Path
     prompts = distill_prompts(cfg.num_prompts, cfg.seed)
     data_dir = _prepare_data_dir(cfg, prompts)
     size = cfg.gen_batch_size
-    loop = ShardLoop(data_dir, math.ceil(len(prompts) / size), label="generate",
-                     time_budget_s=cfg.data_time_budget_s, progress=progress)
+    loop = ShardLoop(
+        data_dir,
+        math.ceil(len(prompts) / size),
+        label="generate",
+        time_budget_s=cfg.data_time_budget_s,
+        progress=progress,
+    )
     for b in loop:
-        batch = prompts[b * size:(b + 1) * size]
+        batch = prompts[b * size : (b + 1) * size]
         tensors, metadata, tokens = _generate_shard(cfg, model, tok, batch, b)
         loop.save(b, tensors, metadata, tokens)
     return data_dir
@@ -234,13 +274,18 @@ def load_data(data_dir: Path) -> list[dict]:
         d = load_file(str(path))
         po, ro = d["prompt_offsets"].tolist(), d["resp_offsets"].tolist()
         for i in range(len(po) - 1):
-            p = d["prompt_ids"][po[i]:po[i + 1]].long()
-            r = d["resp_ids"][ro[i]:ro[i + 1]].long()
+            p = d["prompt_ids"][po[i] : po[i + 1]].long()
+            r = d["resp_ids"][ro[i] : ro[i + 1]].long()
             if len(r) == 0:
                 continue
-            examples.append({"ids": torch.cat([p, r]), "resp_start": len(p),
-                             "topk_ids": d["topk_ids"][ro[i]:ro[i + 1]].long(),
-                             "topk_logprobs": d["topk_logprobs"][ro[i]:ro[i + 1]].float()})
+            examples.append(
+                {
+                    "ids": torch.cat([p, r]),
+                    "resp_start": len(p),
+                    "topk_ids": d["topk_ids"][ro[i] : ro[i + 1]].long(),
+                    "topk_logprobs": d["topk_logprobs"][ro[i] : ro[i + 1]].float(),
+                }
+            )
     return examples
 
 
@@ -256,17 +301,28 @@ def draft_config(cfg: DistillConfig, target_config):
     if cfg.heads % cfg.kv_heads:
         raise ArborError(f"--heads {cfg.heads} is not divisible by --kv-heads {cfg.kv_heads}")
     rope = getattr(target_config, "rope_parameters", None) or {
-        "rope_type": "default", "rope_theta": getattr(target_config, "rope_theta", 10000.0)}
+        "rope_type": "default",
+        "rope_theta": getattr(target_config, "rope_theta", 10000.0),
+    }
     return LlamaConfig(
-        vocab_size=target_config.vocab_size, hidden_size=cfg.hidden,
-        intermediate_size=cfg.intermediate, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.hidden // cfg.heads, max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5), rope_parameters=dict(rope),
-        tie_word_embeddings=True, bos_token_id=target_config.bos_token_id,
+        vocab_size=target_config.vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.hidden // cfg.heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5),
+        rope_parameters=dict(rope),
+        tie_word_embeddings=True,
+        bos_token_id=target_config.bos_token_id,
         eos_token_id=target_config.eos_token_id,
         pad_token_id=getattr(target_config, "pad_token_id", None),
-        hidden_act="silu", attention_bias=False, mlp_bias=False, use_cache=True,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        use_cache=True,
     )
 
 
@@ -342,11 +398,18 @@ def _collate(examples, idx, seq_len, pad_id):
             continue
         pos_b.append(torch.full((m,), b, dtype=torch.long))
         pos_t.append(torch.arange(s - 1, s - 1 + m))
-        hard.append(r["ids"][s:s + m])
+        hard.append(r["ids"][s : s + m])
         tk_ids.append(r["topk_ids"][:m])
         tk_lp.append(r["topk_logprobs"][:m])
-    return (ids, mask, torch.cat(pos_b), torch.cat(pos_t), torch.cat(hard), torch.cat(tk_ids),
-            torch.cat(tk_lp))
+    return (
+        ids,
+        mask,
+        torch.cat(pos_b),
+        torch.cat(pos_t),
+        torch.cat(hard),
+        torch.cat(tk_ids),
+        torch.cat(tk_lp),
+    )
 
 
 def _loss(model, batch, hard_weight):
@@ -376,8 +439,12 @@ def _evaluate(model, examples, cfg, pad_id):
         agree += ag.item() * cnt
         n += cnt
     model.train()
-    return {"val_loss": tot / max(n, 1), "val_ce_hard": hard_sum / max(n, 1),
-            "val_top1_agreement": agree / max(n, 1), "val_tokens": int(n)}
+    return {
+        "val_loss": tot / max(n, 1),
+        "val_ce_hard": hard_sum / max(n, 1),
+        "val_top1_agreement": agree / max(n, 1),
+        "val_tokens": int(n),
+    }
 
 
 def _split_examples(examples: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
@@ -391,8 +458,10 @@ def _optimizer(model, cfg: DistillConfig) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
 
 
@@ -401,10 +470,15 @@ class _Distillation:
 
     def __init__(self, cfg: DistillConfig, model, val: list[dict], pad_id: int) -> None:
         self.cfg, self.model, self.val, self.pad_id = cfg, model, val, pad_id
-        self.run = TrainingRun(model, _optimizer(model, cfg), cfg.work_path / "checkpoint",
-                               resume=cfg.resume, time_budget_s=cfg.train_time_budget_s,
-                               extra={"epoch": 0, "batch_in_epoch": 0, "tokens_seen": 0},
-                               label="distill")
+        self.run = TrainingRun(
+            model,
+            _optimizer(model, cfg),
+            cfg.work_path / "checkpoint",
+            resume=cfg.resume,
+            time_budget_s=cfg.train_time_budget_s,
+            extra={"epoch": 0, "batch_in_epoch": 0, "tokens_seen": 0},
+            label="distill",
+        )
         if self.run.resumed:
             model.tie_weights()
         self.best_dir = cfg.work_path / "best"
@@ -428,9 +502,12 @@ class _Distillation:
         run, state = self.run, self.run.state
         seconds = run.elapsed()
         ev = _evaluate(self.model, self.val, self.cfg, self.pad_id)
-        entry = {"step": state["step"], "train_seconds": round(seconds, 1),
-                 "tokens_seen": state["tokens_seen"],
-                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()}}
+        entry = {
+            "step": state["step"],
+            "train_seconds": round(seconds, 1),
+            "tokens_seen": state["tokens_seen"],
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()},
+        }
         best = run.record(entry, ev["val_loss"], higher_is_better=False)
         run.save()
         if best:
@@ -442,14 +519,19 @@ class _Distillation:
 
     def log(self, ev: dict, total: int) -> None:
         r, state = self.smoothed, self.run.state
-        print(f"distill: step {state['step']}/{total} ep {state['epoch']} "
-              f"train loss {r['loss']:.3f} top1 {r['agree']:.3f} | val loss {ev['val_loss']:.3f} "
-              f"ce {ev['val_ce_hard']:.3f} top1 {ev['val_top1_agreement']:.3f} | "
-              f"{self.run.elapsed():.0f}s", file=sys.stderr, flush=True)
+        print(
+            f"distill: step {state['step']}/{total} ep {state['epoch']} "
+            f"train loss {r['loss']:.3f} top1 {r['agree']:.3f} | val loss {ev['val_loss']:.3f} "
+            f"ce {ev['val_ce_hard']:.3f} top1 {ev['val_top1_agreement']:.3f} | "
+            f"{self.run.elapsed():.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def _train_loop(job: _Distillation, train: list[dict], total: int, interrupt: DeferredInterrupt,
-                progress: bool) -> None:
+def _train_loop(
+    job: _Distillation, train: list[dict], total: int, interrupt: DeferredInterrupt, progress: bool
+) -> None:
     """Steps until `total`, the time budget or Ctrl-C; each epoch has its own seeded batch order,
     and the state's (epoch, batch in epoch) says where a resumed run goes on."""
     cfg, run, state = job.cfg, job.run, job.run.state
@@ -465,9 +547,12 @@ def _train_loop(job: _Distillation, train: list[dict], total: int, interrupt: De
             lr = schedule.at(state["step"], total, run.time_fraction())
             job.step(_collate(train, batches[state["batch_in_epoch"]], cfg.seq_len, job.pad_id), lr)
             r = job.smoothed
-            bar.update(task, completed=state["step"],
-                       info=f"ep {state['epoch']} loss {r['loss']:.3f} ce {r['hard']:.3f} "
-                            f"top1 {r['agree']:.3f} lr {lr:.2e}")
+            bar.update(
+                task,
+                completed=state["step"],
+                info=f"ep {state['epoch']} loss {r['loss']:.3f} ce {r['hard']:.3f} "
+                f"top1 {r['agree']:.3f} lr {lr:.2e}",
+            )
             if state["step"] % cfg.ckpt_every == 0 or state["step"] == total:
                 job.log(job.checkpoint(), total)
             if interrupt.requested or run.out_of_time():
@@ -475,8 +560,10 @@ def _train_loop(job: _Distillation, train: list[dict], total: int, interrupt: De
                     job.checkpoint()
                 if interrupt.requested:
                     raise interrupted_at_checkpoint(run.ckpt_dir)
-                print(f"distill: train time budget reached at step {state['step']}/{total}",
-                      file=sys.stderr)
+                print(
+                    f"distill: train time budget reached at step {state['step']}/{total}",
+                    file=sys.stderr,
+                )
                 break
 
 
@@ -486,8 +573,9 @@ def train_draft(cfg: DistillConfig, target, tok, progress: bool = True) -> dict:
     data_dir = cfg.work_path / "data"
     examples = load_data(data_dir)
     if not examples:
-        raise ArborError(f"no training data in {data_dir}: run the data stage first "
-                         "(--stages data)")
+        raise ArborError(
+            f"no training data in {data_dir}: run the data stage first (--stages data)"
+        )
     train, val = _split_examples(examples, cfg.seed)
     train_tokens = sum(len(e["topk_ids"]) for e in train)
     per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -495,18 +583,23 @@ def train_draft(cfg: DistillConfig, target, tok, progress: bool = True) -> dict:
     model = build_draft(cfg, target).to(cfg.device)
     model.train()
     job = _Distillation(cfg, model, val, pad_token_id(tok))
-    with DeferredInterrupt("distill: interrupt received: saving a checkpoint after this step "
-                           "(Ctrl-C again to abort)") as interrupt:
+    with DeferredInterrupt(
+        "distill: interrupt received: saving a checkpoint after this step (Ctrl-C again to abort)"
+    ) as interrupt:
         _train_loop(job, train, total, interrupt, progress)
     state = job.run.state
     best = state["best"] or {}
     metrics = {
-        "train_examples": len(train), "val_examples": len(val),
+        "train_examples": len(train),
+        "val_examples": len(val),
         "train_response_tokens": train_tokens,
-        "steps": state["step"], "planned_steps": total,
+        "steps": state["step"],
+        "planned_steps": total,
         "epochs_done": round(state["tokens_seen"] / max(train_tokens, 1), 2),
-        "tokens_seen": state["tokens_seen"], "train_seconds": round(job.run.elapsed(), 1),
-        "best_step": best.get("step"), "best_val_loss": state["best_score"],
+        "tokens_seen": state["tokens_seen"],
+        "train_seconds": round(job.run.elapsed(), 1),
+        "best_step": best.get("step"),
+        "best_val_loss": state["best_score"],
         "final": state["history"][-1] if state["history"] else None,
     }
     write_json_atomic(metrics, cfg.work_path / "train_metrics.json", indent=2)
@@ -522,8 +615,9 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
 
     best = cfg.work_path / "best"
     if not (best / WEIGHTS_FILE).is_file():
-        raise ArborError(f"no trained draft in {cfg.work_path}: run the train stage first "
-                         "(--stages train)")
+        raise ArborError(
+            f"no trained draft in {cfg.work_path}: run the train stage first (--stages train)"
+        )
     if train_metrics is None and (cfg.work_path / "train_metrics.json").is_file():
         train_metrics = json.loads((cfg.work_path / "train_metrics.json").read_text())
     model = build_draft(dataclasses.replace(cfg, pca_init=False), target)
@@ -534,20 +628,34 @@ def export_draft(cfg: DistillConfig, target, tok, train_metrics: dict | None = N
     model.config.dtype = dtype
     model.config.save_pretrained(out)
     _save_weights(model, out / WEIGHTS_FILE, dtype)
-    GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id,
-                     pad_token_id=model.config.pad_token_id).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=model.config.bos_token_id,
+        eos_token_id=model.config.eos_token_id,
+        pad_token_id=model.config.pad_token_id,
+    ).save_pretrained(out)
     tok.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     state = json.loads((best / "state.json").read_text())
-    architecture = {"layers": cfg.layers, "hidden": cfg.hidden, "intermediate": cfg.intermediate,
-                    "heads": cfg.heads, "kv_heads": cfg.kv_heads,
-                    "vocab_size": model.config.vocab_size, "tied_embeddings": True,
-                    "pca_init": cfg.pca_init}
+    architecture = {
+        "layers": cfg.layers,
+        "hidden": cfg.hidden,
+        "intermediate": cfg.intermediate,
+        "heads": cfg.heads,
+        "kv_heads": cfg.kv_heads,
+        "vocab_size": model.config.vocab_size,
+        "tied_embeddings": True,
+        "pca_init": cfg.pca_init,
+    }
     metrics = {
-        "target": cfg.target, "architecture": architecture, "parameters": n_params,
-        "export_dtype": cfg.export_dtype, "dir_bytes": size, "checkpoint": best.name,
-        "checkpoint_step": state.get("step"), "train": train_metrics,
+        "target": cfg.target,
+        "architecture": architecture,
+        "parameters": n_params,
+        "export_dtype": cfg.export_dtype,
+        "dir_bytes": size,
+        "checkpoint": best.name,
+        "checkpoint_step": state.get("step"),
+        "train": train_metrics,
         "history": state.get("history", []),
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("resume",)},
     }

@@ -36,28 +36,40 @@ def mtbench_first_turns() -> list[str]:
 
 
 def humaneval_prompts() -> list[str]:
-    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```" for r in read_jsonl(humaneval_file())]
+    return [
+        f"Complete the following Python function.\n\n```python\n{r['prompt']}```"
+        for r in read_jsonl(humaneval_file())
+    ]
 
 
 @torch.inference_mode()
-def greedy_continuations(target, tok, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
+def greedy_continuations(
+    target, tok, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8
+) -> list[list[int]]:
     pad = pad_token_id(tok)
     outs = []
     for b in range(0, len(prompts), batch_size):
-        ids, mask = left_padded(prompts[b:b + batch_size], pad)
-        seqs = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                               pad_token_id=pad)[:, ids.shape[1]:]
+        ids, mask = left_padded(prompts[b : b + batch_size], pad)
+        seqs = target.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )[:, ids.shape[1] :]
         outs += [cut_at_eos(row, {tok.eos_token_id}) for row in seqs.tolist()]
     return outs
 
 
 @torch.inference_mode()
-def teacher_forced_stats(target, draft, prompt: list[int], cont: list[int], temperature: float) -> dict:
+def teacher_forced_stats(
+    target, draft, prompt: list[int], cont: list[int], temperature: float
+) -> dict:
     """Per-position agreement and expected acceptance on prompt+cont (positions predicting cont)."""
     ids = torch.tensor([prompt + cont])
     s, n = len(prompt), len(cont)
-    lt = target(ids).logits[0, s - 1:s - 1 + n].float()
-    ld = draft(ids).logits[0, s - 1:s - 1 + n].float()
+    lt = target(ids).logits[0, s - 1 : s - 1 + n].float()
+    ld = draft(ids).logits[0, s - 1 : s - 1 + n].float()
     agree = (lt.argmax(-1) == ld.argmax(-1)).float()
     pt = torch.softmax(lt / temperature, -1)
     pd = torch.softmax(ld / temperature, -1)
@@ -87,9 +99,20 @@ def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
     return statistics.median(times)
 
 
-def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *, n_mtbench: int = 80, n_humaneval: int = 40,
-            max_new_tokens: int = 64, temperature: float = 0.6, cache_len: int = 128, reps: int = 40,
-            threads: int | None = None, gen_batch_size: int = 8, progress: bool = True) -> dict:
+def measure(
+    target_name: str = "embedded",
+    draft_name: str = "embedded-draft",
+    *,
+    n_mtbench: int = 80,
+    n_humaneval: int = 40,
+    max_new_tokens: int = 64,
+    temperature: float = 0.6,
+    cache_len: int = 128,
+    reps: int = 40,
+    threads: int | None = None,
+    gen_batch_size: int = 8,
+    progress: bool = True,
+) -> dict:
     if threads:
         torch.set_num_threads(threads)
     tok = load_tokenizer(target_name)
@@ -103,12 +126,23 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
         td.append(forward_time(draft, cache_len, reps // 3 + 1, seed=r))
     t_target, t_draft = statistics.median(tt), statistics.median(td)
     result = {
-        "target": target_name, "draft": draft_name, "threads": torch.get_num_threads(),
-        "cost": {"target_forward_ms": round(1000 * t_target, 3), "draft_forward_ms": round(1000 * t_draft, 3),
-                 "draft_cost_ratio": round(t_draft / t_target, 4), "cache_len": cache_len},
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "sets": {},
+        "target": target_name,
+        "draft": draft_name,
+        "threads": torch.get_num_threads(),
+        "cost": {
+            "target_forward_ms": round(1000 * t_target, 3),
+            "draft_forward_ms": round(1000 * t_draft, 3),
+            "draft_cost_ratio": round(t_draft / t_target, 4),
+            "cache_len": cache_len,
+        },
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "sets": {},
     }
-    sets = {"mt_bench_turn1": mtbench_first_turns()[:n_mtbench], "humaneval": humaneval_prompts()[:n_humaneval]}
+    sets = {
+        "mt_bench_turn1": mtbench_first_turns()[:n_mtbench],
+        "humaneval": humaneval_prompts()[:n_humaneval],
+    }
     all_agree, all_acc = [], []
     for name, prompts in sets.items():
         if not prompts:
@@ -126,14 +160,21 @@ def measure(target_name: str = "embedded", draft_name: str = "embedded-draft", *
                 agree += st["agree"]
                 acc += st["acc_t"]
                 bar.update(task, info=f"agreement so far {sum(agree) / len(agree):.3f}")
-        result["sets"][name] = {"prompts": len(enc), "positions": len(agree), "top1_agreement": round(sum(agree) / len(agree), 4),
-                                "chain_acceptance_t0": round(sum(agree) / len(agree), 4),
-                                f"chain_acceptance_t{temperature:g}": round(sum(acc) / len(acc), 4)}
+        result["sets"][name] = {
+            "prompts": len(enc),
+            "positions": len(agree),
+            "top1_agreement": round(sum(agree) / len(agree), 4),
+            "chain_acceptance_t0": round(sum(agree) / len(agree), 4),
+            f"chain_acceptance_t{temperature:g}": round(sum(acc) / len(acc), 4),
+        }
         all_agree += agree
         all_acc += acc
     if all_agree:
-        result["overall"] = {"positions": len(all_agree), "top1_agreement": round(sum(all_agree) / len(all_agree), 4),
-                             "chain_acceptance_t0": round(sum(all_agree) / len(all_agree), 4),
-                             f"chain_acceptance_t{temperature:g}": round(sum(all_acc) / len(all_acc), 4)}
+        result["overall"] = {
+            "positions": len(all_agree),
+            "top1_agreement": round(sum(all_agree) / len(all_agree), 4),
+            "chain_acceptance_t0": round(sum(all_agree) / len(all_agree), 4),
+            f"chain_acceptance_t{temperature:g}": round(sum(all_acc) / len(all_acc), 4),
+        }
     result["seconds"] = round(clock() - t0, 1)
     return result

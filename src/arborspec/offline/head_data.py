@@ -37,17 +37,28 @@ from ..engine.adapter import decoder_hidden
 from ..errors import ArborError
 from .batching import length_batches
 from .corpus import head_prompts
-from .generation import (batch_is_sampled, batch_torch_seed, cut_at_eos, encode_prompts,
-                         left_padded, pad_token_id, sampling_kwargs)
+from .generation import (
+    batch_is_sampled,
+    batch_torch_seed,
+    cut_at_eos,
+    encode_prompts,
+    left_padded,
+    pad_token_id,
+    sampling_kwargs,
+)
 from .self_instruct import user_turn_prefix, write_queries
 from .shards import ShardLoop, claim_data_dir, shard_paths
 
 PROMPT_SOURCES = ("pool", "self-instruct")
-POOL_SOURCE = ("stdlib docstrings -> coding questions; topics x task templates; translation, "
-               "summarisation, passage QA and arithmetic prompts from stdlib text; never MT-Bench, "
-               "HumanEval or Spec-Bench data")
-SELF_INSTRUCT_SOURCE = ("self-instruct: user messages sampled from the target after its chat "
-                        "template's user-turn opening (Magpie), no prompt set read")
+POOL_SOURCE = (
+    "stdlib docstrings -> coding questions; topics x task templates; translation, "
+    "summarisation, passage QA and arithmetic prompts from stdlib text; never MT-Bench, "
+    "HumanEval or Spec-Bench data"
+)
+SELF_INSTRUCT_SOURCE = (
+    "self-instruct: user messages sampled from the target after its chat "
+    "template's user-turn opening (Magpie), no prompt set read"
+)
 
 
 # --------------------------------------------------------------------------- generation
@@ -60,14 +71,16 @@ class HeadDataConfig:
     max_new_tokens: int = 160
     max_prompt_tokens: int = 384
     batch_size: int = 32
-    sample_fraction: float = 0.4          # share of batches sampled (the rest greedy)
+    sample_fraction: float = 0.4  # share of batches sampled (the rest greedy)
     sample_temperature: float = 0.7
     seed: int = 0
-    time_budget_s: float = 0.0            # stop after this many seconds (0: no limit); rerun to continue
-    prompt_source: str = "pool"           # "pool": the built-in pool; "self-instruct": the target writes the prompts
-    query_temperature: float = 1.0        # self-instruct: sampling temperature of the user messages
-    max_query_tokens: int = 64            # self-instruct: a user message not closed within this is dropped
-    query_openings: bool = False          # self-instruct: start each message with a generic opening (OPENINGS)
+    time_budget_s: float = 0.0  # stop after this many seconds (0: no limit); rerun to continue
+    # "pool": the built-in pool; "self-instruct": the target writes the prompts
+    prompt_source: str = "pool"
+    query_temperature: float = 1.0  # self-instruct: sampling temperature of the user messages
+    max_query_tokens: int = 64  # self-instruct: a user message not closed within this is dropped
+    # self-instruct: start each message with a generic opening (OPENINGS)
+    query_openings: bool = False
 
     def settings(self) -> dict:
         """The settings a data folder is made with (`meta.json`); a rerun must give the same ones.
@@ -103,15 +116,24 @@ class FeatureRecorder:
         self.handle.remove()
 
 
-def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, progress: bool = True,
-                       prompts: list[str] | None = None, source: str = "") -> dict:
+def generate_head_data(
+    cfg: HeadDataConfig,
+    model,
+    tokenizer,
+    data_dir: Path,
+    progress: bool = True,
+    prompts: list[str] | None = None,
+    source: str = "",
+) -> dict:
     """Generate (or continue generating) shards into `data_dir`; return token counts.
 
-    `prompts` replaces the training pool (used for held-out evaluation sets, with `source` naming them).
+    `prompts` replaces the training pool (used for held-out evaluation sets, with
+    `source` naming them).
     """
     if cfg.prompt_source not in PROMPT_SOURCES:
-        raise ArborError(f"unknown prompt source {cfg.prompt_source!r}: "
-                         f"use one of {', '.join(PROMPT_SOURCES)}")
+        raise ArborError(
+            f"unknown prompt source {cfg.prompt_source!r}: use one of {', '.join(PROMPT_SOURCES)}"
+        )
     settings = cfg.settings()
     if prompts is not None:
         settings["prompts"] = source or "custom"
@@ -128,13 +150,22 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
         num_prompts = len(prompts)
         rng = random.Random(cfg.seed + 5)
         batches = length_batches([len(p) for p in encoded], cfg.batch_size, rng)
-    claim_data_dir(data_dir, settings, {"num_prompts": num_prompts, "sources": source},
-                   hint="use another --out or the same options")
+    claim_data_dir(
+        data_dir,
+        settings,
+        {"num_prompts": num_prompts, "sources": source},
+        hint="use another --out or the same options",
+    )
     pad_id, eos_set = pad_token_id(tokenizer), set(eos_ids(tokenizer, model))
     recorder = FeatureRecorder(model)
     stored = count_tokens(data_dir)
-    loop = ShardLoop(data_dir, len(batches), label="head data", time_budget_s=cfg.time_budget_s,
-                     progress=progress)
+    loop = ShardLoop(
+        data_dir,
+        len(batches),
+        label="head data",
+        time_budget_s=cfg.time_budget_s,
+        progress=progress,
+    )
     try:
         for b in loop:
             sampled = batch_is_sampled(cfg.seed, b, cfg.sample_fraction)
@@ -145,8 +176,16 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
                 enc = [encoded[i] for i in batches[b]]
             if not enc:  # every user message of this batch ran past max_query_tokens
                 continue
-            shard, n_new = _generate_batch(model, recorder, enc, pad_id, eos_set, cfg, sampled,
-                                           seed=batch_torch_seed(cfg.seed, b))
+            shard, n_new = _generate_batch(
+                model,
+                recorder,
+                enc,
+                pad_id,
+                eos_set,
+                cfg,
+                sampled,
+                seed=batch_torch_seed(cfg.seed, b),
+            )
             loop.save(b, shard, {"mode": "sample" if sampled else "greedy"}, n_new)
             stored += int(shard["tokens"].numel())
     finally:
@@ -154,23 +193,46 @@ def generate_head_data(cfg: HeadDataConfig, model, tokenizer, data_dir: Path, pr
     return {"tokens": stored, "new_tokens_this_run": loop.new_tokens}
 
 
-def batch_queries(model, tokenizer, cfg: HeadDataConfig, batch: int, n: int, end_ids: set[int]) -> list[str]:
-    """The self-instructed user messages of data batch `batch` (`self_instruct.write_queries`, seeded by the data
-    seed and the batch index only, so a batch's messages can be written again without its answers)."""
-    return write_queries(model, tokenizer, n, seed=cfg.seed * 104_729 + batch, end_ids=end_ids,
-                         max_tokens=cfg.max_query_tokens, temperature=cfg.query_temperature, openings=cfg.query_openings)
+def batch_queries(
+    model, tokenizer, cfg: HeadDataConfig, batch: int, n: int, end_ids: set[int]
+) -> list[str]:
+    """The self-instructed user messages of data batch `batch` (`self_instruct.write_queries`,
+    seeded by the data seed and the batch index only, so a batch's messages can be written again
+    without its answers)."""
+    return write_queries(
+        model,
+        tokenizer,
+        n,
+        seed=cfg.seed * 104_729 + batch,
+        end_ids=end_ids,
+        max_tokens=cfg.max_query_tokens,
+        temperature=cfg.query_temperature,
+        openings=cfg.query_openings,
+    )
 
 
 @torch.inference_mode()
-def _generate_batch(model, recorder: FeatureRecorder, enc: list[list[int]], pad_id: int, eos_set: set[int],
-                    cfg: HeadDataConfig, sampled: bool, seed: int) -> tuple[dict, int]:
+def _generate_batch(
+    model,
+    recorder: FeatureRecorder,
+    enc: list[list[int]],
+    pad_id: int,
+    eos_set: set[int],
+    cfg: HeadDataConfig,
+    sampled: bool,
+    seed: int,
+) -> tuple[dict, int]:
     input_ids, attn = left_padded(enc, pad_id)
     width = input_ids.shape[1]
     torch.manual_seed(seed)
     recorder.chunks = []
-    out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attn.to(model.device),
-                         max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
-                         **sampling_kwargs(cfg.sample_temperature if sampled else 0.0))
+    out = model.generate(
+        input_ids=input_ids.to(model.device),
+        attention_mask=attn.to(model.device),
+        max_new_tokens=cfg.max_new_tokens,
+        pad_token_id=pad_id,
+        **sampling_kwargs(cfg.sample_temperature if sampled else 0.0),
+    )
     feats = recorder.take().float().cpu()  # [B, width + T - 1, H]
     seqs = out[:, width:].cpu()
     tokens, offsets, prompt_lens, rows, n_new = [], [0], [], [], 0
@@ -179,13 +241,17 @@ def _generate_batch(model, recorder: FeatureRecorder, enc: list[list[int]], pad_
         n = len(resp)
         seq = ids + resp
         start = width - len(ids)
-        rows.append(feats[i, start:start + len(seq) - 1])
+        rows.append(feats[i, start : start + len(seq) - 1])
         tokens += seq
         offsets.append(len(tokens))
         prompt_lens.append(len(ids))
         n_new += n
-    shard = {"tokens": torch.tensor(tokens, dtype=torch.int32), "offsets": torch.tensor(offsets, dtype=torch.int64),
-             "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int32), "feats": torch.cat(rows).to(torch.float16)}
+    shard = {
+        "tokens": torch.tensor(tokens, dtype=torch.int32),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+        "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int32),
+        "feats": torch.cat(rows).to(torch.float16),
+    }
     return shard, n_new
 
 
@@ -194,8 +260,8 @@ def _generate_batch(model, recorder: FeatureRecorder, enc: list[list[int]], pad_
 
 @dataclass
 class HeadSequence:
-    tokens: torch.Tensor      # [n] int64
-    feats: torch.Tensor       # [n - 1, H] float16: feature of tokens[0..n-2]
+    tokens: torch.Tensor  # [n] int64
+    feats: torch.Tensor  # [n - 1, H] float16: feature of tokens[0..n-2]
     prompt_len: int
 
 
@@ -215,15 +281,22 @@ def load_head_data(data_dir: Path) -> list[HeadSequence]:
 
     paths = shard_paths(data_dir)
     if not paths:
-        raise ArborError(f"no head data in {data_dir}: run `arborspec train-head` without --skip-data first")
+        raise ArborError(
+            f"no head data in {data_dir}: run `arborspec train-head` without --skip-data first"
+        )
     out = []
     for path in paths:
         s = load_file(str(path))
         offs, fo = s["offsets"].tolist(), 0
         for i in range(len(offs) - 1):
             n = offs[i + 1] - offs[i]
-            out.append(HeadSequence(s["tokens"][offs[i]:offs[i + 1]].long(), s["feats"][fo:fo + n - 1],
-                                    int(s["prompt_lens"][i])))
+            out.append(
+                HeadSequence(
+                    s["tokens"][offs[i] : offs[i + 1]].long(),
+                    s["feats"][fo : fo + n - 1],
+                    int(s["prompt_lens"][i]),
+                )
+            )
             fo += n - 1
     return out
 
@@ -232,5 +305,5 @@ def token_frequencies(seqs: list[HeadSequence], vocab_size: int) -> torch.Tensor
     """Counts of each token id over the answers (FR-Spec ranks the draft vocabulary by these)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in seqs:
-        counts += torch.bincount(s.tokens[s.prompt_len:], minlength=vocab_size)
+        counts += torch.bincount(s.tokens[s.prompt_len :], minlength=vocab_size)
     return counts

@@ -7,8 +7,8 @@
   target features: equals chain acceptance at temperature 0) and at depths 2-3
   (it reads its own predictions, as deeper tree nodes do).
 * **Chain acceptance at temperature T** (depth 1): mean of sum_x min(p_T(x), p_D(x)).
-* `--draft-logits int8`: the same with the head's fc, decoder layer and draft logits in int8 (the CPU
-  default of `generate` and `bench`; drafters/head.py); `int8_logits` alone: only the logits.
+* `--draft-logits int8`: the same with the head's fc, decoder layer and draft logits in int8 (the
+  CPU default of `generate` and `bench`; drafters/head.py); `int8_logits` alone: only the logits.
 * **Cost**: median time of one head forward (1 new row over a `cache_len` cache,
   draft-vocabulary logits included) / one 1-token target forward, interleaved.
 
@@ -37,11 +37,16 @@ def head_forward_time(head: DraftHead, cache_len: int, reps: int, seed: int = 0)
     g = torch.Generator().manual_seed(seed)
     h = head.hidden_size
     cache = DynamicCache(config=head.body.config)
-    head(torch.randint(3, 1000, (1, cache_len), generator=g), torch.randn(1, cache_len, h, generator=g), past_key_values=cache)
+    head(
+        torch.randint(3, 1000, (1, cache_len), generator=g),
+        torch.randn(1, cache_len, h, generator=g),
+        past_key_values=cache,
+    )
     tok, feat = torch.tensor([[5]]), torch.randn(1, 1, h, generator=g)
     pos = torch.tensor([[cache_len]])
 
-    def one_row() -> None:  # one new row, draft-vocabulary logits included, then back to the same cache
+    # one new row, draft-vocabulary logits included, then back to the same cache
+    def one_row() -> None:
         head.full_logits(head(tok, feat, position_ids=pos, past_key_values=cache)[0])
         cache.crop(-1)
 
@@ -50,7 +55,8 @@ def head_forward_time(head: DraftHead, cache_len: int, reps: int, seed: int = 0)
 
 @torch.inference_mode()
 def chain_acceptance(head: DraftHead, seqs: list[HeadSequence], temperature: float) -> float:
-    """Depth-1 expected acceptance of speculative sampling at `temperature` over the answer positions."""
+    """Depth-1 expected acceptance of speculative sampling at `temperature` over
+    the answer positions."""
     total, count = 0.0, 0
     lm = head._target[1]
     for s in seqs:
@@ -66,9 +72,21 @@ def chain_acceptance(head: DraftHead, seqs: list[HeadSequence], temperature: flo
     return total / max(count, 1)
 
 
-def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "runs/head/heldout", n_mtbench: int = 80,
-            n_humaneval: int = 40, max_new_tokens: int = 128, temperature: float = 0.6, cache_len: int = 128,
-            reps: int = 30, depths: int = 3, int8_logits: bool = False, int8_layers: bool = False) -> dict:
+def measure(
+    head_dir: str,
+    target_name: str = "embedded",
+    *,
+    work_dir: str = "runs/head/heldout",
+    n_mtbench: int = 80,
+    n_humaneval: int = 40,
+    max_new_tokens: int = 128,
+    temperature: float = 0.6,
+    cache_len: int = 128,
+    reps: int = 30,
+    depths: int = 3,
+    int8_logits: bool = False,
+    int8_layers: bool = False,
+) -> dict:
     from ..models import load_model, load_tokenizer
 
     tok = load_tokenizer(target_name)
@@ -79,23 +97,45 @@ def measure(head_dir: str, target_name: str = "embedded", *, work_dir: str = "ru
         tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
         th.append(head_forward_time(head, cache_len, reps // 3 + 1, seed=r))
     t_target, t_head = statistics.median(tt), statistics.median(th)
-    result = {"head": head_dir, "target": target_name, "threads": torch.get_num_threads(),
-              "cost": {"target_forward_ms": round(1000 * t_target, 3), "head_forward_ms": round(1000 * t_head, 3),
-                       "head_cost_ratio": round(t_head / t_target, 4), "cache_len": cache_len,
-                       "draft_vocab": int(head.vocab_ids.numel()), "int8_logits": head.int8_logits,
-                       "int8_layers": head.int8_layers},
-              "max_new_tokens": max_new_tokens, "sets": {}}
+    result = {
+        "head": head_dir,
+        "target": target_name,
+        "threads": torch.get_num_threads(),
+        "cost": {
+            "target_forward_ms": round(1000 * t_target, 3),
+            "head_forward_ms": round(1000 * t_head, 3),
+            "head_cost_ratio": round(t_head / t_target, 4),
+            "cache_len": cache_len,
+            "draft_vocab": int(head.vocab_ids.numel()),
+            "int8_logits": head.int8_logits,
+            "int8_layers": head.int8_layers,
+        },
+        "max_new_tokens": max_new_tokens,
+        "sets": {},
+    }
     cfg = HeadTrainConfig(ttt_steps=depths, batch_tokens=4096)
-    sets = {"mt_bench_turn1": mtbench_first_turns()[:n_mtbench], "humaneval": humaneval_prompts()[:n_humaneval]}
+    sets = {
+        "mt_bench_turn1": mtbench_first_turns()[:n_mtbench],
+        "humaneval": humaneval_prompts()[:n_humaneval],
+    }
     for name, prompts in sets.items():
         data_dir = Path(work_dir) / name
-        gen_cfg = HeadDataConfig(target=target_name, num_prompts=len(prompts), max_new_tokens=max_new_tokens,
-                                 batch_size=16, sample_fraction=0.0)
-        generate_head_data(gen_cfg, target, tok, data_dir, progress=False, prompts=prompts, source=name)
+        gen_cfg = HeadDataConfig(
+            target=target_name,
+            num_prompts=len(prompts),
+            max_new_tokens=max_new_tokens,
+            batch_size=16,
+            sample_fraction=0.0,
+        )
+        generate_head_data(
+            gen_cfg, target, tok, data_dir, progress=False, prompts=prompts, source=name
+        )
         seqs = load_head_data(data_dir)
         stats = evaluate(head, seqs, cfg)
         stats.pop("loss", None)
-        stats[f"chain_acceptance_t{temperature:g}"] = round(chain_acceptance(head, seqs, temperature), 4)
+        stats[f"chain_acceptance_t{temperature:g}"] = round(
+            chain_acceptance(head, seqs, temperature), 4
+        )
         stats["positions"] = sum(max(0, len(s.tokens) - s.prompt_len) for s in seqs)
         result["sets"][name] = stats
         print(f"{name}: {stats}", file=sys.stderr)

@@ -56,5 +56,7 @@ def read_prompts(path: str | Path | None, limit: int) -> tuple[list[str], str]:
     except json.JSONDecodeError:
         items = [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items) or not items:
-        raise ArborError(f"prompts file {str(path)!r}: give one prompt per line or a JSON list of strings")
+        raise ArborError(
+            f"prompts file {str(path)!r}: give one prompt per line or a JSON list of strings"
+        )
     return items[:limit], str(path)

@@ -47,8 +47,15 @@ class ShardLoop:
     once `time_budget_s` (> 0) has passed; `save` writes a batch's shard and moves the bar on.
     """
 
-    def __init__(self, data_dir: Path, batches: int, *, label: str, time_budget_s: float = 0.0,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        batches: int,
+        *,
+        label: str,
+        time_budget_s: float = 0.0,
+        progress: bool = True,
+    ) -> None:
         self.data_dir, self.batches, self.label = Path(data_dir), batches, label
         self.time_budget_s, self.progress = time_budget_s, progress
         self.new_tokens = 0
@@ -57,7 +64,7 @@ class ShardLoop:
 
     def done(self) -> set[int]:
         """The batches with a shard on disk."""
-        return {int(p.stem[len(SHARD_PREFIX):]) for p in shard_paths(self.data_dir)}
+        return {int(p.stem[len(SHARD_PREFIX) :]) for p in shard_paths(self.data_dir)}
 
     def __iter__(self) -> Iterator[int]:
         done = self.done()
@@ -68,9 +75,11 @@ class ShardLoop:
                 if b in done:
                     continue
                 if self.time_budget_s and clock() - self._start > self.time_budget_s:
-                    print(f"arborspec: data time budget reached with {len(self.done())} of "
-                          f"{self.batches} batches in {self.data_dir}; rerun to continue",
-                          file=sys.stderr)
+                    print(
+                        f"arborspec: data time budget reached with {len(self.done())} of "
+                        f"{self.batches} batches in {self.data_dir}; rerun to continue",
+                        file=sys.stderr,
+                    )
                     break
                 yield b
             self._bar = None

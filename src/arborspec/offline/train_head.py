@@ -43,37 +43,49 @@ from ..common.progress import progress_bar
 from ..common.timing import clock
 from ..drafters.head import DraftHead
 from . import batching
-from .head_data import (HeadDataConfig, HeadSequence, generate_head_data, load_head_data,
-                        token_frequencies)
+from .head_data import (
+    HeadDataConfig,
+    HeadSequence,
+    generate_head_data,
+    load_head_data,
+    token_frequencies,
+)
 from .shards import shard_paths
-from .training import (TrainingRun, WarmupCosine, has_checkpoint, held_out_split,
-                       interrupt_keeps_work, interrupted_at_checkpoint, optimizer_step,
-                       work_dir_for)
+from .training import (
+    TrainingRun,
+    WarmupCosine,
+    has_checkpoint,
+    held_out_split,
+    interrupt_keeps_work,
+    interrupted_at_checkpoint,
+    optimizer_step,
+    work_dir_for,
+)
 
 
 @dataclass(kw_only=True)
 class HeadTrainConfig:
     target: str = "embedded"
     out: str = "runs/head/model"
-    work_dir: str = ""                  # default: <out>.work
+    work_dir: str = ""  # default: <out>.work
     data: HeadDataConfig = field(default_factory=HeadDataConfig)
-    skip_data: bool = False             # train on the shards already on disk
-    self_instruct: int = 0              # also this many conversations whose prompts the target writes (0: none)
-    draft_vocab: int = 8192             # FR-Spec: K most frequent answer tokens (0: full vocabulary)
+    skip_data: bool = False  # train on the shards already on disk
+    self_instruct: int = 0  # also this many conversations whose prompts the target writes (0: none)
+    draft_vocab: int = 8192  # FR-Spec: K most frequent answer tokens (0: full vocabulary)
     epochs: float = 2.0
     lr: float = 2e-3
     warmup_steps: int = 50
     weight_decay: float = 0.0
-    batch_tokens: int = 384             # padded tokens per step (small steps learn faster here)
-    max_len: int = 640                  # truncate sequences to this many tokens
-    ttt_steps: int = 2                  # passes of training-time test (1 = plain EAGLE-1 training)
+    batch_tokens: int = 384  # padded tokens per step (small steps learn faster here)
+    max_len: int = 640  # truncate sequences to this many tokens
+    ttt_steps: int = 2  # passes of training-time test (1 = plain EAGLE-1 training)
     ce_weight: float = 0.1
     grad_clip: float = 0.5
     val_fraction: float = 0.05
     ckpt_every: int = 200
-    time_budget_s: float = 0.0          # stop training after this long (then export); 0: no limit
+    time_budget_s: float = 0.0  # stop training after this long (then export); 0: no limit
     resume: bool = False
-    init_from: str = ""                 # start from this exported head's weights (fresh optimiser and schedule)
+    init_from: str = ""  # start from this exported head's weights (fresh optimiser and schedule)
     seed: int = 0
     device: str = "cpu"
 
@@ -87,11 +99,11 @@ class HeadTrainConfig:
 
 @dataclass
 class Batch:
-    tokens: torch.Tensor     # [B, L] token x_r
-    prev: torch.Tensor       # [B, L, H] f_{r-1} (row 0 and padding: zeros)
-    target: torch.Tensor     # [B, L, H] f_r (zeros where unknown)
-    valid: torch.Tensor      # [B, L] bool: f_r known and r is a drafting row (answer region)
-    pad: torch.Tensor        # [B, L] bool: real token
+    tokens: torch.Tensor  # [B, L] token x_r
+    prev: torch.Tensor  # [B, L, H] f_{r-1} (row 0 and padding: zeros)
+    target: torch.Tensor  # [B, L, H] f_r (zeros where unknown)
+    valid: torch.Tensor  # [B, L] bool: f_r known and r is a drafting row (answer region)
+    pad: torch.Tensor  # [B, L] bool: real token
 
 
 def make_batch(seqs: list[HeadSequence], max_len: int) -> Batch:
@@ -105,16 +117,18 @@ def make_batch(seqs: list[HeadSequence], max_len: int) -> Batch:
     for i, s in enumerate(seqs):
         n = len(s.tokens)
         tokens[i, :n] = s.tokens
-        f = s.feats.float()                         # f_0 .. f_{n-2}
+        f = s.feats.float()  # f_0 .. f_{n-2}
         prev[i, 1:n] = f
         target[i, : n - 1] = f
-        valid[i, max(s.prompt_len - 1, 0): n - 1] = True  # from the root row predicting the first answer token
+        # from the root row predicting the first answer token
+        valid[i, max(s.prompt_len - 1, 0) : n - 1] = True
         pad[i, :n] = True
     return Batch(tokens, prev, target, valid, pad)
 
 
-def token_batches(seqs: list[HeadSequence], batch_tokens: int, max_len: int,
-                  rng: random.Random) -> list[list[int]]:
+def token_batches(
+    seqs: list[HeadSequence], batch_tokens: int, max_len: int, rng: random.Random
+) -> list[list[int]]:
     """Indices grouped by similar length, each batch about `batch_tokens` padded tokens."""
     return batching.token_batches([min(len(s.tokens), max_len) for s in seqs], batch_tokens, rng)
 
@@ -131,14 +145,26 @@ def ttt_mask(pad: torch.Tensor, step: int, dtype: torch.dtype) -> torch.Tensor:
     for m in range(2, step + 1):
         blocks.append(r[None, :] == (r[:, None] - step + m))
     allowed = torch.cat(blocks, dim=1)[None].expand(b, -1, -1) & pad.repeat(1, step)[:, None, :]
-    allowed = allowed | torch.cat([torch.zeros(length, (step - 1) * length, dtype=torch.bool),
-                                   torch.eye(length, dtype=torch.bool)], dim=1)[None]  # a row always sees itself
+    # a row always sees itself
+    allowed = (
+        allowed
+        | torch.cat(
+            [
+                torch.zeros(length, (step - 1) * length, dtype=torch.bool),
+                torch.eye(length, dtype=torch.bool),
+            ],
+            dim=1,
+        )[None]
+    )
     mask = torch.zeros(allowed.shape, dtype=dtype)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float) -> tuple[torch.Tensor, list[dict]]:
-    """Total loss and per-pass statistics (top-1 agreement with the target's greedy token, over valid rows)."""
+def head_losses(
+    head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float
+) -> tuple[torch.Tensor, list[dict]]:
+    """Total loss and per-pass statistics (top-1 agreement with the target's greedy
+    token, over valid rows)."""
     from transformers import DynamicCache
 
     dev = head.vocab_ids.device
@@ -146,7 +172,7 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
     b, length = tokens.shape
     pos = torch.arange(length, device=dev)[None].expand(b, -1)
     with torch.no_grad():
-        t_logits = head.draft_logits(target)                   # [B, L, K] target over the draft vocabulary
+        t_logits = head.draft_logits(target)  # [B, L, K] target over the draft vocabulary
         t_prob = t_logits.softmax(-1)
         t_top = t_logits.argmax(-1)
     cache = DynamicCache(config=head.body.config)
@@ -156,9 +182,10 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
         pred = head(tokens, feats_in, position_ids=pos, attention_mask=mask, past_key_values=cache)
         valid = batch.valid.clone()
         valid[:, : step - 1] = False
-        # the pass-k root (row r-k+1) must itself be a drafting row: only rows whose root is in the answer count
+        # the pass-k root (row r-k+1) must itself be a drafting row: only rows whose root is in the
+        # answer count
         if step > 1:
-            valid[:, step - 1:] &= batch.valid[:, : length - step + 1]
+            valid[:, step - 1 :] &= batch.valid[:, : length - step + 1]
         valid = valid.to(dev)
         if valid.any():
             p, t = pred[valid], target[valid]
@@ -167,8 +194,15 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
             ploss = -(t_prob[valid] * logp).sum(-1).mean()
             total = total + (0.8 ** (step - 1)) * (vloss + ce_weight * ploss)
             hits = (logp.argmax(-1) == t_top[valid]).float()
-            stats.append({"depth": step, "vloss": float(vloss.detach()), "ploss": float(ploss.detach()), "top1": float(hits.mean()),
-                          "n": int(valid.sum())})
+            stats.append(
+                {
+                    "depth": step,
+                    "vloss": float(vloss.detach()),
+                    "ploss": float(ploss.detach()),
+                    "top1": float(hits.mean()),
+                    "n": int(valid.sum()),
+                }
+            )
         feats_in = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1].detach()], dim=1)
     return total, stats
 
@@ -176,8 +210,9 @@ def head_losses(head: DraftHead, batch: Batch, ttt_steps: int, ce_weight: float)
 # --------------------------------------------------------------------------- training
 
 
-def split(seqs: list[HeadSequence], val_fraction: float,
-          seed: int) -> tuple[list[HeadSequence], list[HeadSequence]]:
+def split(
+    seqs: list[HeadSequence], val_fraction: float, seed: int
+) -> tuple[list[HeadSequence], list[HeadSequence]]:
     """(training, held-out) sequences: a `val_fraction` share (at least one) held out, seeded."""
     n_val = max(1, int(len(seqs) * val_fraction)) if len(seqs) > 1 else 0
     return held_out_split(seqs, n_val, random.Random(seed + 99))
@@ -190,7 +225,9 @@ def evaluate(head: DraftHead, seqs: list[HeadSequence], cfg: HeadTrainConfig) ->
     hits: dict[int, list[float]] = {}
     losses = []
     for idx in token_batches(seqs, cfg.batch_tokens, cfg.max_len, random.Random(0)):
-        loss, stats = head_losses(head, make_batch([seqs[i] for i in idx], cfg.max_len), cfg.ttt_steps, cfg.ce_weight)
+        loss, stats = head_losses(
+            head, make_batch([seqs[i] for i in idx], cfg.max_len), cfg.ttt_steps, cfg.ce_weight
+        )
         losses.append(float(loss))
         for s in stats:
             acc = hits.setdefault(s["depth"], [0.0, 0.0])
@@ -213,7 +250,8 @@ def _new_head(cfg: HeadTrainConfig, target_model, freq: torch.Tensor, resuming: 
     if cfg.init_from and not resuming:
         from ..drafters.head import load_head
 
-        state = load_head(cfg.init_from, target_model).state_dict()  # refuses a head of another target
+        # refuses a head of another target
+        state = load_head(cfg.init_from, target_model).state_dict()
         state["vocab_ids"] = head.vocab_ids  # the draft vocabulary follows this run's data
         head.load_state_dict(state)
         head.refresh_lm_rows()
@@ -221,8 +259,9 @@ def _new_head(cfg: HeadTrainConfig, target_model, freq: torch.Tensor, resuming: 
     return head
 
 
-def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
-          progress: bool = True) -> tuple[DraftHead, dict]:
+def train(
+    cfg: HeadTrainConfig, target_model, train_seqs, val_seqs, progress: bool = True
+) -> tuple[DraftHead, dict]:
     """Train a head; returns it and the training record. Ctrl-C (first) ends the step in flight,
     checkpoints and returns with `interrupted` set; `resume` continues with the batches an
     uninterrupted run would have seen next."""
@@ -245,8 +284,9 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
             token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)
     coverage = float(freq[head.vocab_ids].sum()) / max(1, float(freq.sum()))
     schedule = WarmupCosine(cfg.lr, cfg.warmup_steps)
-    notice = ("arborspec: interrupt received: saving a checkpoint after this step "
-              "(Ctrl-C again to abort)")
+    notice = (
+        "arborspec: interrupt received: saving a checkpoint after this step (Ctrl-C again to abort)"
+    )
     with DeferredInterrupt(notice) as interrupt, progress_bar(progress) as bar:
         task = bar.add_task("train head", total=total, completed=state["step"], info="")
         epoch_batches: list[list[int]] = []
@@ -254,7 +294,7 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
             if not epoch_batches:
                 epoch_batches = token_batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng)
                 # resuming: skip what this epoch already did
-                epoch_batches = epoch_batches[state["step"] % per_epoch:]
+                epoch_batches = epoch_batches[state["step"] % per_epoch :]
             idx = epoch_batches.pop(0)
             lr = schedule.at(state["step"], total, run.time_fraction())
             batch = make_batch([train_seqs[i] for i in idx], cfg.max_len)
@@ -268,8 +308,11 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
             out_of_time = run.out_of_time()
             if end_of_epoch or out_of_time:
                 metrics = evaluate(head, val_seqs, cfg)
-                metrics.update(step=state["step"], epoch=round(state["step"] / per_epoch, 3),
-                               elapsed_s=round(run.elapsed(), 1))
+                metrics.update(
+                    step=state["step"],
+                    epoch=round(state["step"] / per_epoch, 3),
+                    elapsed_s=round(run.elapsed(), 1),
+                )
                 print(f"arborspec: held-out {metrics}", file=sys.stderr)
                 if run.record(metrics, metrics["top1_depth1"], higher_is_better=True):
                     head.save(cfg.work_path / "best", cfg.target, target_model)
@@ -279,9 +322,15 @@ def train(cfg: HeadTrainConfig, target_model, train_seqs, val_seqs,
                 print("arborspec: training time budget reached", file=sys.stderr)
                 break
     run.save()
-    info = {"steps": state["step"], "total_steps": total, "history": state["history"],
-            "best": state["best"], "train_seconds": round(state["elapsed_s"], 1),
-            "draft_vocab_coverage": round(coverage, 4), "interrupted": interrupt.requested}
+    info = {
+        "steps": state["step"],
+        "total_steps": total,
+        "history": state["history"],
+        "best": state["best"],
+        "train_seconds": round(state["elapsed_s"], 1),
+        "draft_vocab_coverage": round(coverage, 4),
+        "interrupted": interrupt.requested,
+    }
     return head, info
 
 
@@ -297,22 +346,32 @@ def train_head(cfg: HeadTrainConfig, progress: bool = True) -> Path:
 
 
 def self_instruct_data(cfg: HeadTrainConfig) -> HeadDataConfig:
-    """The data settings of the self-instructed part (same answers' settings, the target's own prompts)."""
+    """The data settings of the self-instructed part (same answers' settings, the
+    target's own prompts)."""
     return replace(cfg.data, prompt_source="self-instruct", num_prompts=cfg.self_instruct)
 
 
 def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
     data_dir, chat_dir = cfg.work_path / "data", cfg.work_path / "data-self-instruct"
-    if not cfg.skip_data:  # the self-instructed part first; --data-time-budget-s is the time of both parts
+    # the self-instructed part first; --data-time-budget-s is the time of both parts
+    if not cfg.skip_data:
         t0, budget = clock(), cfg.data.time_budget_s
         if cfg.self_instruct:
-            generate_head_data(self_instruct_data(cfg), target, tokenizer, chat_dir, progress=progress)
+            generate_head_data(
+                self_instruct_data(cfg), target, tokenizer, chat_dir, progress=progress
+            )
         left = budget - (clock() - t0)
         if not budget or left > 0:
-            generate_head_data(replace(cfg.data, time_budget_s=left if budget else 0.0), target, tokenizer, data_dir,
-                               progress=progress)
+            generate_head_data(
+                replace(cfg.data, time_budget_s=left if budget else 0.0),
+                target,
+                tokenizer,
+                data_dir,
+                progress=progress,
+            )
     chat = load_head_data(chat_dir) if shard_paths(chat_dir) else []
-    pool = load_head_data(data_dir) if shard_paths(data_dir) or not chat else []  # neither: its error says what to run
+    # neither: its error says what to run
+    pool = load_head_data(data_dir) if shard_paths(data_dir) or not chat else []
     seqs = pool + chat
     train_seqs, val_seqs = split(seqs, cfg.val_fraction, cfg.seed)
     target.requires_grad_(False)
@@ -325,10 +384,19 @@ def _stages(cfg: HeadTrainConfig, target, tokenizer, progress: bool) -> Path:
 
         head = load_head(best_dir, target)
     n_answer = sum(len(s.tokens) - s.prompt_len for s in seqs)
-    extra = {"training": {**info, "config": {k: v for k, v in asdict(cfg).items() if k != "data"},
-                          "data": {**cfg.data.settings(), "sequences": len(seqs), "answer_tokens": n_answer,
-                                   "all_tokens": sum(len(s.tokens) for s in seqs),
-                                   "self_instructed_sequences": len(chat)}}}
+    extra = {
+        "training": {
+            **info,
+            "config": {k: v for k, v in asdict(cfg).items() if k != "data"},
+            "data": {
+                **cfg.data.settings(),
+                "sequences": len(seqs),
+                "answer_tokens": n_answer,
+                "all_tokens": sum(len(s.tokens) for s in seqs),
+                "self_instructed_sequences": len(chat),
+            },
+        }
+    }
     out = head.save(cfg.out, cfg.target, target, extra=extra)
     write_json_atomic(extra["training"], Path(cfg.out) / "training.json", indent=2)
     return out

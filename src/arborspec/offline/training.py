@@ -66,8 +66,13 @@ class WarmupCosine:
         return self.lr * (self.min_ratio + decay)
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, loss, params: Iterable[torch.Tensor],
-                   lr: float, grad_clip: float) -> None:
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    loss,
+    params: Iterable[torch.Tensor],
+    lr: float,
+    grad_clip: float,
+) -> None:
     """Set every group's rate to `lr`, back-propagate `loss`, clip the gradients' norm at
     `grad_clip` (0: no clipping) and step. A `loss` that is not a tensor (no row of the batch
     counted) steps nothing."""
@@ -82,8 +87,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss, params: Iterable[torc
     optimizer.step()
 
 
-def held_out_split(items: list[T], n_held_out: int,
-                   rng: random.Random) -> tuple[list[T], list[T]]:
+def held_out_split(items: list[T], n_held_out: int, rng: random.Random) -> tuple[list[T], list[T]]:
     """(training items, held-out items): the first `n_held_out` of a shuffle by `rng` held out."""
     order = list(range(len(items)))
     rng.shuffle(order)
@@ -97,15 +101,17 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return (Path(ckpt_dir) / CHECKPOINT_FILE).is_file()
 
 
-def save_checkpoint(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict) -> None:
+def save_checkpoint(
+    ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict
+) -> None:
     """Weights, optimizer state and the run's `state` in `<ckpt_dir>/ckpt.pt`, atomically."""
     blob = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": state}
     write_atomic(Path(ckpt_dir) / CHECKPOINT_FILE, lambda tmp: torch.save(blob, tmp))
 
 
-def load_checkpoint(ckpt_dir: Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer) -> dict:
+def load_checkpoint(
+    ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict:
     """Load a checkpoint's weights and optimizer state into `model` and `optimizer`; return its
     state."""
     path = Path(ckpt_dir) / CHECKPOINT_FILE
@@ -126,21 +132,39 @@ class TrainingRun:
     on disk, the weights, the optimizer and `state` come from it (`resumed` is then True).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path,
-                 *, resume: bool, time_budget_s: float = 0.0, extra: dict | None = None,
-                 label: str = "arborspec") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ckpt_dir: Path,
+        *,
+        resume: bool,
+        time_budget_s: float = 0.0,
+        extra: dict | None = None,
+        label: str = "arborspec",
+    ) -> None:
         self.model, self.optimizer, self.ckpt_dir = model, optimizer, Path(ckpt_dir)
         self.time_budget_s = time_budget_s
-        self.state = {"step": 0, "elapsed_s": 0.0, "history": [], "best": None,
-                      "best_score": None, **(extra or {})}
+        self.state = {
+            "step": 0,
+            "elapsed_s": 0.0,
+            "history": [],
+            "best": None,
+            "best_score": None,
+            **(extra or {}),
+        }
         self.resumed = resume and has_checkpoint(self.ckpt_dir)
         if self.resumed:
             self.state = load_checkpoint(self.ckpt_dir, model, optimizer)
-            print(f"{label}: resuming from {self.ckpt_dir} at step {self.state['step']}",
-                  file=sys.stderr)
+            print(
+                f"{label}: resuming from {self.ckpt_dir} at step {self.state['step']}",
+                file=sys.stderr,
+            )
         elif has_checkpoint(self.ckpt_dir):
-            print(f"{label}: {self.ckpt_dir} exists; starting over (use --resume to continue it)",
-                  file=sys.stderr)
+            print(
+                f"{label}: {self.ckpt_dir} exists; starting over (use --resume to continue it)",
+                file=sys.stderr,
+            )
         self._start = clock() - self.state["elapsed_s"]
 
     def elapsed(self) -> float:
@@ -177,8 +201,9 @@ class TrainingRun:
 
 def interrupted_at_checkpoint(ckpt_dir: Path) -> Interrupted:
     """The error raised after Ctrl-C made a train loop checkpoint and stop."""
-    return Interrupted(f"interrupted; checkpoint kept in {ckpt_dir}; "
-                       "rerun with --resume to continue")
+    return Interrupted(
+        f"interrupted; checkpoint kept in {ckpt_dir}; rerun with --resume to continue"
+    )
 
 
 @contextmanager
@@ -191,5 +216,7 @@ def interrupt_keeps_work(work_dir: Path) -> Iterator[None]:
     except Interrupted:
         raise
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; data shards and checkpoints kept in {work_dir}; "
-                          "rerun with --resume to continue") from None
+        raise Interrupted(
+            f"interrupted; data shards and checkpoints kept in {work_dir}; "
+            "rerun with --resume to continue"
+        ) from None
