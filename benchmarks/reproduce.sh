@@ -5,7 +5,7 @@
 #   benchmarks/reproduce.sh full           # ~3 h on 2 cores: the README table and the evidence docs cite
 #   benchmarks/reproduce.sh full 3 4       # only steps 3 and 4 of a mode
 #
-# Run from the repository root after `make setup`, on an otherwise idle machine: every speedup is a
+# Run from the repository root after `make setup`, with no other heavy process running: every speedup is a
 # same-process ratio to plain decoding, but a second heavy process still distorts it. Raw runs go to
 # runs/ (not versioned); what a reader needs (report.md, summary.json, two plots) is copied into
 # benchmarks/results/. A step that is interrupted can be rerun alone; `arborspec bench` runs resume
@@ -97,10 +97,9 @@ run 2 && say 2 "int8 MT-Bench, all methods" && bench mtbench-int8 --dtype int8 -
 run 3 && say 3 "int8 HumanEval, all methods" && bench humaneval-int8 --dtype int8 --prompts humaneval \
   --num-prompts 10 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted $ALL
 # 4. The unmodified float32 model on the same MT-Bench selection: the default for a named model
-#    (DySpec 3 + lookup), the papers' size, plain float32 decoding and transformers.
+#    (DySpec 3 + lookup) and the papers' size against plain float32 decoding.
 run 4 && say 4 "float32 MT-Bench" && bench mtbench-float32 --dtype float32 --prompts mt-bench \
-  --num-prompts 24 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted \
-  -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
+  --num-prompts 24 --max-new-tokens 128 --temperatures 0 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
 # 5. `arborspec generate --compare-ar` with no other option on three prompts.
 run 5 && say 5 "generate defaults" && generate_default generate-default "${PROMPTS[@]}"
 # 6. The CPU tree size, chosen on the validation slice (never on the benchmark's questions).
