@@ -100,6 +100,11 @@ run 3 && say 3 "int8 HumanEval, all methods" && bench humaneval-int8 --dtype int
 #    (DySpec 3 + lookup) and the papers' size against plain float32 decoding.
 run 4 && say 4 "float32 MT-Bench" && bench mtbench-float32 --dtype float32 --prompts mt-bench \
   --num-prompts 24 --max-new-tokens 128 --temperatures 0 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
+#    The same weights named by their directory, as a user's own model runs with no option: float32,
+#    the n-gram draft (no head beside it) and the device's default tree.
+NAMED=${ARBORSPEC_CACHE:-$HOME/.cache/arborspec}/smollm2-135m-instruct
+run 4 && say 4 "a named float32 model" && bench mtbench-float32-named --target "$NAMED" \
+  --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0
 # 5. `arborspec generate --compare-ar` with no other option on three prompts.
 run 5 && say 5 "generate defaults" && generate_default generate-default "${PROMPTS[@]}"
 # 6. The CPU tree size, chosen on the validation slice (never on the benchmark's questions).
