@@ -2,7 +2,6 @@
 float32 `DynamicLayer` holds (converted), through growth past its capacity, crops and compactions, and
 the int8 target's forwards, tree forwards and generations over it equal those over transformers' own cache."""
 
-import copy
 
 import pytest
 import torch

@@ -193,19 +193,10 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         """`draft_temperature`: the draft side's temperature when greedy (None: the measured
         default); it changes speed only, never the output."""
-        ids = encode_prompt(self.tokenizer, prompt, chat)
         cfg = self._config(
             max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature
         )
-        try:
-            result = self.decoder.generate(ids, cfg, on_tokens)
-        except GenerationInterrupted as stopped:  # Ctrl-C: the partial result carries its text too
-            stopped.result.text = self.tokenizer.decode(
-                stopped.result.output_ids, skip_special_tokens=True
-            )
-            raise
-        result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        return result
+        return self._run(lambda ids: self.decoder.generate(ids, cfg, on_tokens), prompt, chat)
 
     def generate_autoregressive(
         self,
@@ -221,12 +212,22 @@ class SpeculativeGenerator:
         draft_temperature: float | None = None,
     ) -> GenerationResult:
         """The plain baseline through the same adapter (same model, same prompt encoding)."""
-        ids = encode_prompt(self.tokenizer, prompt, chat)
-        result = autoregressive_generate(
-            self.pair.target,
-            ids,
-            self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed),
-            on_tokens,
+        cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
+        return self._run(
+            lambda ids: autoregressive_generate(self.pair.target, ids, cfg, on_tokens), prompt, chat
         )
+
+    def _run(
+        self, decode: Callable[[list[int]], GenerationResult], prompt: str | list[int], chat: bool
+    ) -> GenerationResult:
+        """Encode `prompt`, decode it, and attach the text, also to the partial result that
+        Ctrl-C leaves (`GenerationInterrupted`)."""
+        try:
+            result = decode(encode_prompt(self.tokenizer, prompt, chat))
+        except GenerationInterrupted as stopped:
+            stopped.result.text = self.tokenizer.decode(
+                stopped.result.output_ids, skip_special_tokens=True
+            )
+            raise
         result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         return result

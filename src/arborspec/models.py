@@ -454,19 +454,18 @@ def model_precision(model) -> str:
 
 @dataclass
 class ModelPair:
-    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer; `precision`:
-    the target's (float32, float16, bfloat16, int8; found from the model when not given)."""
+    """A loaded target (wrapped in its adapter), a drafter and the target's tokenizer."""
 
     target_name: str
     draft_name: str
     target: ModelAdapter
     drafter: Drafter
     tokenizer: Any
-    precision: str = ""
 
-    def __post_init__(self) -> None:
-        if not self.precision:
-            self.precision = model_precision(self.target.model)
+    @functools.cached_property
+    def precision(self) -> str:
+        """The target's precision as loaded: float32, float16, bfloat16 or int8."""
+        return model_precision(self.target.model)
 
 
 def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str) -> None:
@@ -509,18 +508,20 @@ def check_pair(
     max_memory: str | dict | None = None,
     offload_folder: str | os.PathLike | None = None,
     draft_logits: str = "auto",
-) -> None:
+) -> tuple[dict, bool]:
     """What `load_pair` refuses before loading anything (one-line ArborErrors): a bad placement, a
     precision the device cannot run, a bad `draft_logits`, a local target or draft path that does
-    not exist."""
+    not exist. Returns what loading then uses: the placement keywords and whether a draft head
+    runs in int8."""
     draft = draft or default_draft(target)
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     check_precision(dtype, device, placement)
-    head_int8(draft_logits, device, bool(placement))
+    int8_head = head_int8(draft_logits, device, bool(placement))
     if draft != NGRAM_DRAFT and not is_head_dir(draft):
         resolve_model_path(draft)
     if target != EMBEDDED_TARGET:  # the embedded target is converted on first use: not here
         resolve_model_path(target)
+    return placement, int8_head
 
 
 def load_pair(
@@ -546,9 +547,9 @@ def load_pair(
     `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
     draft = draft or default_draft(target)
-    check_pair(target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits)
-    placement = placement_kwargs(device_map, max_memory, offload_folder)
-    int8_head = head_int8(draft_logits, device, bool(placement))
+    _, int8_head = check_pair(
+        target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits
+    )
     tokenizer = load_tokenizer(target)
     target_model = load_model(target, device, dtype, device_map, max_memory, offload_folder)
     adapter = ModelAdapter(target_model)
@@ -570,5 +571,4 @@ def load_pair(
         draft_model = load_model(draft, adapter.device, draft_precision(dtype))
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)
         drafter = ModelDrafter(draft_model)
-    precision = dtype.lower() if isinstance(dtype, str) else ""  # "": found from the model
-    return ModelPair(target, draft, adapter, drafter, tokenizer, precision)
+    return ModelPair(target, draft, adapter, drafter, tokenizer)

@@ -99,6 +99,16 @@ def forward_time(model, cache_len: int, reps: int, seed: int = 0) -> float:
     return statistics.median(times)
 
 
+def interleaved_times(target, time_draft, cache_len: int, reps: int) -> tuple[float, float]:
+    """Median seconds of a target forward and of a draft forward (`time_draft(reps, seed)`), timed
+    in three alternating rounds so both see the same load on the machine."""
+    tt, td = [], []
+    for r in range(3):
+        tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
+        td.append(time_draft(reps // 3 + 1, r))
+    return statistics.median(tt), statistics.median(td)
+
+
 def measure(
     target_name: str = "embedded",
     draft_name: str = "embedded-draft",
@@ -119,12 +129,9 @@ def measure(
     target = load_model(target_name)
     draft = load_draft(resolve_model_path(draft_name), tok, dtype=torch.float32)
     t0 = clock()
-    # (a) cost: interleave target and draft timings to share the machine's load conditions
-    tt, td = [], []
-    for r in range(3):
-        tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
-        td.append(forward_time(draft, cache_len, reps // 3 + 1, seed=r))
-    t_target, t_draft = statistics.median(tt), statistics.median(td)
+    t_target, t_draft = interleaved_times(
+        target, lambda r, s: forward_time(draft, cache_len, r, s), cache_len, reps
+    )
     result = {
         "target": target_name,
         "draft": draft_name,

@@ -17,14 +17,13 @@ The answers and their features are generated once into `--work-dir` (resumable).
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from ..common.timing import median_seconds
-from .draft_quality import forward_time, humaneval_prompts, mtbench_first_turns
+from .draft_quality import humaneval_prompts, interleaved_times, mtbench_first_turns
 from ..drafters.head import DraftHead, load_head
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data
 from .train_head import HeadTrainConfig, evaluate, make_batch
@@ -92,11 +91,9 @@ def measure(
     tok = load_tokenizer(target_name)
     target = load_model(target_name).requires_grad_(False)
     head = load_head(head_dir, target, int8_logits=int8_logits, int8_layers=int8_layers)
-    tt, th = [], []
-    for r in range(3):  # interleaved, so both see the same machine load
-        tt.append(forward_time(target, cache_len, reps // 3 + 1, seed=r))
-        th.append(head_forward_time(head, cache_len, reps // 3 + 1, seed=r))
-    t_target, t_head = statistics.median(tt), statistics.median(th)
+    t_target, t_head = interleaved_times(
+        target, lambda r, s: head_forward_time(head, cache_len, r, seed=s), cache_len, reps
+    )
     result = {
         "head": head_dir,
         "target": target_name,
