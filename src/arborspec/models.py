@@ -407,7 +407,8 @@ def load_model(
     check_precision(dtype, device, placement)
     int8 = is_int8(dtype)
     path = resolve_model_path(name)
-    kwargs = {"dtype": parse_dtype(dtype), "attn_implementation": "sdpa", **placement}
+    kernel = attention_kernel(path)
+    kwargs = {"dtype": parse_dtype(dtype), "attn_implementation": kernel, **placement}
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
@@ -426,8 +427,28 @@ def load_model(
         model = model.to(parse_device(device))
     model.eval()
     if int8:
+        if getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None):
+            raise ArborError(
+                f"--dtype int8 runs its own attention, without {type(model).__name__}'s attention "
+                "logit soft-capping: use --dtype float32"
+            )
         quantize_int8(model, int8_calibration_samples(load_tokenizer(name)))
     return model
+
+
+def attention_kernel(path: str) -> str:
+    """The attention implementation to load the model at `path` with: `sdpa`, or `eager` for a
+    model class that has no sdpa path (Gemma 2: its attention logits are soft-capped). Both take
+    the adapter's 4D additive masks (docs/algorithms.md §4). A config that cannot be read here is
+    left to `from_pretrained` to report."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (OSError, ValueError, KeyError):
+        return "sdpa"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
 def _first_line(exc: Exception) -> str:

@@ -77,12 +77,30 @@ def target_fingerprint(target_model) -> str:
 
 
 def _one_layer_config(target_config):
+    """The target's configuration cut to one decoder layer, the last, with full attention: the
+    head attends over its whole draft context and its cache is compacted like the target's, which a
+    sliding window's cache (transformers drops its old rows) would not allow."""
     cfg = copy.deepcopy(target_config)
     cfg.num_hidden_layers = 1
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[-1:]
+        kind = cfg.layer_types[-1]
+        cfg.layer_types = ["full_attention" if kind == "sliding_attention" else kind]
+    if getattr(cfg, "sliding_window", None) is not None and not getattr(cfg, "layer_types", None):
+        cfg.sliding_window = None  # every layer slides (Mistral): the head's one does not
+    if getattr(cfg, "use_sliding_window", False):
+        cfg.use_sliding_window = False
     cfg.use_cache = True
     return cfg
+
+
+def _one_layer_body(target_config, dtype: torch.dtype):
+    """The head's decoder (`_one_layer_config`) with sdpa attention, or eager where the
+    architecture has no sdpa path (Gemma 2's soft-capped attention)."""
+    cfg = _one_layer_config(target_config)
+    try:
+        return AutoModel.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    except ValueError:
+        return AutoModel.from_config(cfg, attn_implementation="eager", dtype=dtype)
 
 
 class DraftHead(nn.Module):
@@ -94,11 +112,7 @@ class DraftHead(nn.Module):
         tcfg = target_model.config
         self.hidden_size = tcfg.hidden_size
         self.vocab_size = target_model.get_output_embeddings().weight.shape[0]
-        self.body = AutoModel.from_config(
-            _one_layer_config(tcfg),
-            attn_implementation="sdpa",
-            dtype=target_model.get_input_embeddings().weight.dtype,
-        )
+        self.body = _one_layer_body(tcfg, target_model.get_input_embeddings().weight.dtype)
         self.body.embed_tokens = None  # inputs are built by `fc`; the embedding is the target's
         self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size, bias=False)
         ids = torch.arange(self.vocab_size) if vocab_ids is None else vocab_ids.long()

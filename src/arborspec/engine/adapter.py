@@ -7,6 +7,12 @@ model dtype, explicit `position_ids` (`P + depth`), and a `DynamicCache`.
 After verification the accepted path is copied into place in every layer and
 the rest is cropped (O(path length), no re-feeding).
 
+Models with sliding-window layers (Gemma 2 and 3, Mistral, Qwen2 with a window) keep full cache
+layers too; every forward then passes explicit masks, the window cut out of them by position, one
+per layer type (engine/attention_masks.py), and the adapter keeps the position of every cache row.
+A layer type no mask expresses (chunked or linear attention, recurrent state) is refused when the
+adapter is built.
+
 Models loaded with a device map (layers on several devices, offloaded to the CPU
 or the disk: engine/placement.py) work unchanged: inputs go to the model's
 execution device, each cache layer is compacted on its own device, and an
@@ -19,10 +25,11 @@ import torch
 
 from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
+from .attention_masks import AttentionLayout
 from .kv_cache import CACHE_LAYERS, new_cache
 from .lm_head import HeadRows, LazyLogits
 from .placement import execution_device
-from .tree import TokenTree, additive_mask
+from .tree import TokenTree
 
 
 def decoder_hidden(output) -> torch.Tensor:
@@ -37,6 +44,8 @@ class ModelAdapter:
     def __init__(self, model) -> None:
         self.model = model
         self.config = model.config
+        # layer types and sliding window; ArborError for a layer type no mask expresses
+        self.layout = AttentionLayout.of(model)
         self.dtype = next(model.parameters()).dtype
         # not model.device: `meta` when the first weights are offloaded
         self.device = execution_device(model)
@@ -45,6 +54,8 @@ class ModelAdapter:
         # model -> an empty cache (engine/kv_cache.py); benchmarks may swap it
         self.new_cache = new_cache
         self.cache = new_cache(model)
+        # sliding windows only: the position of every cache row, `[cache_len]` long
+        self.positions = self._no_positions()
         self.last_hidden: torch.Tensor | None = None  # [N, H] of the last forward, when capturing
         self._hook = None
         # logits from hidden rows (engine/lm_head.py); else the model's own logits
@@ -95,6 +106,10 @@ class ModelAdapter:
 
     def reset(self) -> None:
         self.cache = self.new_cache(self.model)
+        self.positions = self._no_positions()
+
+    def _no_positions(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
@@ -102,25 +117,20 @@ class ModelAdapter:
         self,
         input_ids: torch.Tensor,  # [N]
         position_ids: torch.Tensor | None = None,  # [1, N]
-        mask: torch.Tensor | None = None,  # [1, 1, N, P + N] additive, model dtype
+        allowed: torch.Tensor | None = None,  # [N, P + N] bool: who attends to whom; None: causal
         logits_rows: torch.Tensor | None = None,  # [K] rows to run the LM head on (None = all)
     ) -> torch.Tensor:  # [K, V] float32
         if self.head.supported:
-            hidden = self.hidden_forward(input_ids, position_ids, mask)
+            hidden = self.hidden_forward(input_ids, position_ids, allowed)
             return self.head.logits(
                 hidden if logits_rows is None else hidden[logits_rows.to(self.device)]
             )
-        ids = input_ids.to(self.device).view(1, -1)
         keep = 0 if logits_rows is None else logits_rows.to(self.device)
+        inputs = self._inputs(input_ids, position_ids, allowed)
         out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=self._positions(ids, position_ids),
-            **cache_kwargs(self.model, self.cache),
-            use_cache=True,
-            logits_to_keep=keep,
+            **inputs, **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=keep
         )
-        self._check_cache_layout()
+        self._fed(inputs["position_ids"])
         return out.logits[0].float()
 
     @torch.inference_mode()
@@ -128,19 +138,13 @@ class ModelAdapter:
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [N, H]
         """The decoder alone (no LM head): last hidden states of the fed tokens, cache extended."""
-        ids = input_ids.to(self.device).view(1, -1)
         decoder = self.model.get_decoder()
-        out = decoder(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=self._positions(ids, position_ids),
-            **cache_kwargs(decoder, self.cache),
-            use_cache=True,
-        )
-        self._check_cache_layout()
+        inputs = self._inputs(input_ids, position_ids, allowed)
+        out = decoder(**inputs, **cache_kwargs(decoder, self.cache), use_cache=True)
+        self._fed(inputs["position_ids"])
         return decoder_hidden(out)[0]
 
     @torch.inference_mode()
@@ -148,16 +152,48 @@ class ModelAdapter:
         """The last hidden states (after the final norm) of every token of a finished sequence, from
         one forward of the decoder that leaves the cache alone: what a drafter with
         `uses_target_features` reads (`observe`), for the offline tools that run a drafter along a
-        sequence instead of inside the step loop."""
+        sequence instead of inside the step loop. A model with sliding-window layers gets explicit
+        masks here too: transformers builds none for an attention it does not know (the int8
+        target's float64 attention), which would then attend causally past the window."""
         decoder = self.model.get_decoder()
-        out = decoder(input_ids=torch.tensor([input_ids], device=self.device), use_cache=False)
+        ids = torch.tensor([input_ids], device=self.device)
+        mask = None
+        if self.layout.sliding:
+            positions = torch.arange(ids.shape[1], device=self.device)
+            mask = self.layout.mask(None, positions, positions, self.dtype)
+        out = decoder(input_ids=ids, attention_mask=mask, use_cache=False)
         return decoder_hidden(out)[0]
 
-    def _positions(self, ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    def _inputs(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        allowed: torch.Tensor | None,
+    ) -> dict:
+        """`input_ids`, `position_ids` (default: right after the cache) and `attention_mask` (one
+        mask or a dict by layer type, engine/attention_masks.py) for a forward after the cache."""
+        ids = input_ids.to(self.device).view(1, -1)
+        past = self.cache_len
         if position_ids is None:
-            past = self.cache_len
             position_ids = torch.arange(past, past + ids.shape[1], device=self.device).unsqueeze(0)
-        return position_ids.to(self.device)
+        position_ids = position_ids.to(self.device)
+        keys = None
+        if self.layout.sliding:
+            if self.positions.numel() != past:
+                raise RuntimeError(
+                    f"{self.positions.numel()} row positions kept for a cache of {past} rows"
+                )
+            keys = torch.cat([self.positions, position_ids[0]])
+        mask = self.layout.mask(
+            None if allowed is None else allowed.to(self.device), position_ids[0], keys, self.dtype
+        )
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
+
+    def _fed(self, position_ids: torch.Tensor) -> None:
+        """After a forward: check the cache's layers, keep the new rows' positions."""
+        self._check_cache_layout()
+        if self.layout.sliding:
+            self.positions = torch.cat([self.positions, position_ids[0]])
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Feed a plain (causal) chunk after the cache; return the last row's logits `[V]`."""
@@ -180,13 +216,15 @@ class ModelAdapter:
         (only the rows on its walk); plain tensor logits where the model's head does not allow it.
         """
         past = self.cache_len
-        mask = tree.attention_mask(past, self.dtype, self.device)
+        # every cached row, the node's ancestors and itself (TokenTree.attention_mask)
+        n = tree.num_nodes
+        allowed = torch.ones(n, past + n, dtype=torch.bool, device=self.device)
+        allowed[:, past:] = tree.ancestors_mask().to(self.device)
         ids = torch.tensor(tree.tokens, dtype=torch.long)
+        positions = tree.position_ids(past, self.device)
         if lazy and self.head.supported:
-            return LazyLogits(
-                self.hidden_forward(ids, tree.position_ids(past, self.device), mask), self.head
-            )
-        return self.forward(ids, tree.position_ids(past, self.device), mask)
+            return LazyLogits(self.hidden_forward(ids, positions, allowed), self.head)
+        return self.forward(ids, positions, allowed)
 
     def nodes_forward(
         self,
@@ -197,9 +235,8 @@ class ModelAdapter:
     ) -> torch.Tensor:
         """Feed K tokens with an arbitrary attention pattern (the draft's
         depth-by-depth tree forward)."""
-        mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(0)
-        return self.forward(torch.tensor(tokens, dtype=torch.long), pos, mask, logits_rows)
+        return self.forward(torch.tensor(tokens, dtype=torch.long), pos, allowed, logits_rows)
 
     # ------------------------------------------------------------------ compaction
     @torch.inference_mode()
@@ -210,24 +247,30 @@ class ModelAdapter:
         Rows before `start` are untouched. This is the O(k) copy + crop of the notes.
         """
         keep_len = start + len(slots)
-        for layer in self.cache.layers:
-            if slots and slots != list(range(start, keep_len)):
+        moved = bool(slots) and slots != list(range(start, keep_len))
+        if moved:
+            for layer in self.cache.layers:
                 src = torch.tensor(slots, device=layer.keys.device)
                 layer.keys[:, :, start:keep_len] = layer.keys.index_select(2, src)
                 layer.values[:, :, start:keep_len] = layer.values.index_select(2, src)
-        drop = self.cache_len - keep_len
-        if drop > 0:
-            self.cache.crop(-drop)
+        if moved and self.layout.sliding:
+            src = torch.tensor(slots, device=self.positions.device)
+            self.positions[start:keep_len] = self.positions.index_select(0, src)
+        self.crop_to(keep_len)
 
     def crop_to(self, length: int) -> None:
         drop = self.cache_len - length
         if drop > 0:
             self.cache.crop(-drop)
+        if self.layout.sliding:
+            self.positions = self.positions[: self.cache_len]
 
     def _check_cache_layout(self) -> None:
-        if not all(type(layer) in CACHE_LAYERS for layer in self.cache.layers):
+        """Every cache layer one a compaction can copy rows of (a full layer: `CACHE_LAYERS`)."""
+        layers = self.cache.layers
+        other = sorted({type(la).__name__ for la in layers if type(la) not in CACHE_LAYERS})
+        if other:
             raise ArborError(
-                f"{type(self.model).__name__} uses a sliding-window or otherwise special KV cache; "
-                "arborspec supports full-attention causal LMs (Llama, Qwen2, Mistral without "
-                "sliding window, ...)"
+                f"{type(self.model).__name__} keeps {', '.join(other)} KV cache layers, which "
+                "arborspec cannot compact: it supports full and sliding-window attention layers"
             )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .invariant_attention import NAME as FLOAT64_ATTENTION
 
@@ -71,13 +71,20 @@ def uses_float64_cache(model) -> bool:
 
 
 def new_cache(model) -> DynamicCache:
-    """An empty cache for `model`: `Float64Layer`s under the float64 attention, else
-    transformers' own layers."""
+    """An empty cache for `model` whose attention layers are all full layers: `Float64Layer`s under
+    the float64 attention, else transformers' `DynamicLayer`s.
+
+    For a sliding-window layer transformers builds a `DynamicSlidingWindowLayer`, which drops its
+    oldest rows: rows would then no longer sit at their positions, and a compaction copies rows by
+    index. The adapter keeps every row and cuts the window out of the mask instead
+    (engine/attention_masks.py). Layers of any other kind are left as they are, for the adapter to
+    refuse."""
     cache = DynamicCache(config=model.config)
-    if uses_float64_cache(model):
-        cache.layers = [
-            Float64Layer() if type(layer) is DynamicLayer else layer for layer in cache.layers
-        ]
+    full = Float64Layer if uses_float64_cache(model) else DynamicLayer
+    cache.layers = [
+        full() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+        for layer in cache.layers
+    ]
     return cache
 
 
