@@ -2,12 +2,15 @@
 
 The layers, bottom up (ARCHITECTURE.md): `common` and `errors`, `engine` (the step
 loop), `drafters` and `builders`, `models` (loading a pair) and `defaults` (what runs
-when the user does not say), `offline` and `bench`, then this API and the CLI.
+when the user does not say), `offline` and `bench`, then this API, `custom_generate` (the
+callable for `model.generate(custom_generate=arborspec.generate)`) and the CLI.
 """
 
-from .api import ModelPair, SpeculativeGenerator, load_pair
+from .api import ModelPair, SpeculativeGenerator, load_pair, pair_from_models
 from .builders import builder_names, make_builder
 from .common.provenance import __version__
+from .custom_generate import ArborspecGenerateOutput, generate
+from .drafters import DraftHead, load_head
 from .engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from .engine.sampling import SamplingConfig
 from .engine.stats import GenerationResult, StepStats
@@ -16,7 +19,9 @@ from .errors import ArborError
 
 __all__ = [
     "ArborError",
+    "ArborspecGenerateOutput",
     "DecodeConfig",
+    "DraftHead",
     "GenerationResult",
     "ModelPair",
     "SamplingConfig",
@@ -27,6 +32,9 @@ __all__ = [
     "__version__",
     "autoregressive_generate",
     "builder_names",
+    "generate",
+    "load_head",
     "load_pair",
     "make_builder",
+    "pair_from_models",
 ]

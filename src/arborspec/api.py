@@ -25,6 +25,7 @@ from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
 from .engine.stats import GenerationInterrupted, GenerationResult
+from .errors import ArborError
 from .models import (
     EMBEDDED_TARGET,
     EMBEDDED_TARGET_NAME,
@@ -33,6 +34,7 @@ from .models import (
     check_same_vocabulary,
     default_draft,
     load_pair,
+    pair_from_models,
 )
 
 # Re-exported: the names API users have imported from here.
@@ -45,6 +47,7 @@ __all__ = [
     "encode_prompt",
     "eos_ids",
     "load_pair",
+    "pair_from_models",
     "sampling_config",
 ]
 
@@ -138,6 +141,40 @@ class SpeculativeGenerator:
             lookup=self.settings.lookup,
         )
 
+    @classmethod
+    def from_models(
+        cls,
+        model,
+        tokenizer=None,
+        draft=None,
+        method: str | None = None,
+        budget: int | str | None = None,
+        lookup: int | None = None,
+        verifier: str | None = None,
+        draft_tokenizer=None,
+        draft_logits: str = "auto",
+        announce: Callable[[str], None] | None = None,
+        **method_params: Any,
+    ) -> "SpeculativeGenerator":
+        """A generator around a model (and tokenizer) the caller already loaded, in whatever
+        precision and placement it has; the model is used as it is and never changed.
+
+        `draft`: None (the shipped head for the embedded target, a head directory
+        `arborspec-head` inside the model's directory, else "ngram"), "ngram", a draft-head
+        directory, a loaded `DraftHead`, a draft model (loaded, or its id or directory; with
+        `draft_tokenizer` a loaded draft's tokenizer is checked against the target's). Method,
+        budget and lookup default as for a target loaded by name on the model's device."""
+        pair = pair_from_models(model, tokenizer, draft, draft_tokenizer, draft_logits)
+        return cls(
+            pair=pair,
+            method=method,
+            budget=budget,
+            lookup=lookup,
+            verifier=verifier,
+            announce=announce,
+            **method_params,
+        )
+
     def describe(self) -> str:
         """One line: method, tree size, lookup, the target with its precision and device, the
         draft, the baseline; e.g. `dyspec, 3 draft nodes + lookup 6 | target embedded
@@ -222,12 +259,20 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         """Encode `prompt`, decode it, and attach the text, also to the partial result that
         Ctrl-C leaves (`GenerationInterrupted`)."""
+        if self.tokenizer is None and not isinstance(prompt, list):
+            raise ArborError(
+                "a text prompt needs the target's tokenizer: pass it to from_models, or give "
+                "token ids"
+            )
         try:
             result = decode(encode_prompt(self.tokenizer, prompt, chat))
         except GenerationInterrupted as stopped:
-            stopped.result.text = self.tokenizer.decode(
-                stopped.result.output_ids, skip_special_tokens=True
-            )
+            stopped.result.text = self._text(stopped.result.output_ids)
             raise
-        result.text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        result.text = self._text(result.output_ids)
         return result
+
+    def _text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -31,7 +31,7 @@ import torch
 from .common.chat import encode_prompt
 from .common.datafiles import package_file
 from .common.vocab import check_same_tokenizer, check_vocab_size
-from .drafters import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
+from .drafters import DraftHead, Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
 from .engine.adapter import ModelAdapter
 from .engine.int8 import Int8GroupMember, Int8Linear, quantize_int8
 from .errors import ArborError
@@ -555,8 +555,13 @@ def load_pair(
     offload_folder: str | os.PathLike | None = None,
     draft_logits: str = "auto",
     compile: bool = False,
+    tokenizer=None,
 ) -> ModelPair:
     """Load the target and the drafter.
+
+    `target` may also be a loaded model (then `draft` may be a loaded draft model or `DraftHead`
+    too, `tokenizer` is the target's, and device, dtype and placement are the model's own:
+    `pair_from_models`).
 
     `draft`: a draft-head directory or "embedded-head" (EAGLE-style head on the target's features),
     a draft model id/dir or "embedded-draft", or "ngram".
@@ -567,6 +572,11 @@ def load_pair(
     on CPU), "float" or "int8" (draft-side precision: never changes the output).
     `compile`: run the target's decoder through `torch.compile` (`ModelAdapter.compile`).
     """
+    if not isinstance(target, str):
+        pair = pair_from_models(target, tokenizer, draft, draft_logits=draft_logits)
+        if compile:
+            pair.target.compile()
+        return pair
     draft = draft or default_draft(target)
     _, int8_head = check_pair(
         target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits
@@ -593,3 +603,103 @@ def load_pair(
         check_same_vocabulary(target_model, tokenizer, draft_model, draft)
         drafter = ModelDrafter(draft_model)
     return ModelPair(target, draft, adapter, drafter, tokenizer)
+
+
+# ------------------------------------------------------------------ loaded objects
+HEAD_BESIDE_MODEL = "arborspec-head"  # a head directory looked for inside a model's own directory
+
+
+def model_name(model) -> str:
+    """What a loaded model is called: the id or directory it was loaded from, else its class."""
+    return str(getattr(model, "name_or_path", "") or type(model).__name__)
+
+
+def is_embedded_target(model) -> bool:
+    """Whether `model` was loaded from the embedded target's converted directory."""
+    path = Path(str(getattr(model, "name_or_path", "") or "")).expanduser()
+    embedded = cache_root() / "smollm2-135m-instruct"
+    return path.is_dir() and embedded.is_dir() and path.resolve() == embedded.resolve()
+
+
+def default_draft_for(model) -> str:
+    """The draft for a loaded target when none is named: the shipped head for the embedded target,
+    a head directory `arborspec-head` inside the model's own directory, else the n-gram drafter."""
+    if is_embedded_target(model):
+        return default_draft(EMBEDDED_TARGET)
+    beside = Path(str(getattr(model, "name_or_path", "") or "")).expanduser() / HEAD_BESIDE_MODEL
+    if (beside / "head.json").is_file():
+        return str(beside)
+    return NGRAM_DRAFT
+
+
+def _is_model(obj) -> bool:
+    return isinstance(obj, torch.nn.Module) and hasattr(obj, "get_output_embeddings")
+
+
+def pair_from_models(
+    model,
+    tokenizer=None,
+    draft=None,
+    draft_tokenizer=None,
+    draft_logits: str = "auto",
+) -> ModelPair:
+    """A pair around a target the caller already loaded (any precision or placement; it is used as
+    it is and never changed: no layer swapped, no precision or attention changed, no hook left
+    after a generation).
+
+    `draft`: None (`default_draft_for`), "ngram", a draft-head directory or "embedded-head", a
+    draft model's id or directory, a loaded draft model, or a loaded `DraftHead`. The checks are
+    those of `load_pair`: the draft's vocabulary (and tokenizer, where both are known) must be the
+    target's, a head must have been trained for this target. `tokenizer`: the target's (needed for
+    text prompts and the tokenizer check; token ids work without one)."""
+    if not _is_model(model):
+        raise ArborError(
+            f"expected a loaded Hugging Face causal LM as the target, got {type(model).__name__}: "
+            "pass the model object (or a model name to SpeculativeGenerator(target=...))"
+        )
+    adapter = ModelAdapter(model)
+    precision = model_precision(model)
+    placed = bool(getattr(model, "hf_device_map", None))
+    int8_head = head_int8(draft_logits, adapter.device, placed)
+    if draft is None:
+        draft = default_draft_for(model)
+    if isinstance(draft, str) and draft == NGRAM_DRAFT:
+        drafter: Drafter = NgramDrafter(adapter.vocab_size)
+        draft_name = NGRAM_DRAFT
+    elif isinstance(draft, str) and is_head_dir(draft):
+        drafter = HeadDrafter(
+            load_head(
+                resolve_head_dir(draft),
+                model,
+                parse_dtype(precision),
+                int8_logits=int8_head,
+                int8_layers=int8_head,
+            )
+        )
+        draft_name = draft
+    elif isinstance(draft, DraftHead):
+        check_vocab_size(draft.vocab_size, adapter.vocab_size, what="the draft head")
+        drafter, draft_name = HeadDrafter(draft), "draft head"
+    elif isinstance(draft, str):
+        draft_model = load_model(draft, adapter.device, draft_precision(precision))
+        if tokenizer is not None:
+            check_same_vocabulary(model, tokenizer, draft_model, draft)
+        else:
+            check_vocab_size(
+                draft_model.get_output_embeddings().weight.shape[0],
+                adapter.vocab_size,
+                what=f"draft {draft!r}",
+            )
+        drafter, draft_name = ModelDrafter(draft_model), draft
+    elif _is_model(draft):
+        rows = draft.get_output_embeddings().weight.shape[0]
+        check_vocab_size(rows, adapter.vocab_size, what=f"draft {model_name(draft)!r}")
+        if tokenizer is not None and draft_tokenizer is not None:
+            check_same_tokenizer(tokenizer, draft_tokenizer, what=f"draft {model_name(draft)!r}")
+        drafter, draft_name = ModelDrafter(draft), model_name(draft)
+    else:
+        raise ArborError(
+            f"unknown draft {type(draft).__name__}: give 'ngram', a draft-head directory, a draft "
+            "model (loaded, or its id or directory) or a DraftHead"
+        )
+    return ModelPair(model_name(model), draft_name, adapter, drafter, tokenizer)

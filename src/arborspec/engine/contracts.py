@@ -27,6 +27,7 @@ import torch
 
 from .acceptance import AcceptanceModel
 from .cost import CostCurve
+from .processors import PathProcessor, draft_row
 from .sampling import SamplingConfig, gumbel_like, probs_from_logits
 from .tree import ChildrenMode, TokenTree
 
@@ -112,8 +113,10 @@ class DraftContext:
         root_logits: torch.Tensor,
         cost: CostCurve | None = None,
         acceptance: AcceptanceModel | None = None,
+        process: PathProcessor | None = None,
     ):
         self.drafter, self.cfg, self.generator = drafter, cfg, generator
+        self.process = process
         # the measured step cost curve, for builders that size trees by it (budget=auto)
         self.cost = cost
         # the generation's online acceptance model (engine/acceptance.py), if any
@@ -121,7 +124,9 @@ class DraftContext:
         self.step_seed = int(
             torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)
         )
-        self._probs: dict[tuple[int, ...], torch.Tensor] = {(): probs_from_logits(root_logits, cfg)}
+        self._probs: dict[tuple[int, ...], torch.Tensor] = {
+            (): probs_from_logits(draft_row(process, [], root_logits), cfg)
+        }
         self.vocab_size = root_logits.shape[-1]
 
     def probs(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
@@ -130,6 +135,13 @@ class DraftContext:
         todo = list(dict.fromkeys(todo))
         if todo:
             logits = self.drafter.expand(tree, todo)
+            if self.process is not None:
+                logits = torch.stack(
+                    [
+                        draft_row(self.process, tree.path_tokens(n), row)
+                        for n, row in zip(todo, logits)
+                    ]
+                )
             for n, row in zip(todo, probs_from_logits(logits, self.cfg)):
                 self._probs[tuple(tree.path_tokens(n))] = row
         return torch.stack([self._probs[key] for key in keys])

@@ -29,6 +29,7 @@ from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
 from .lm_head import greedy_token
 from .lookup import ContextLookup, graft
+from .processors import PathProcessor, ProcessedRows, Processor
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationInterrupted, GenerationResult, StepStats
@@ -36,14 +37,24 @@ from .tree import TokenTree
 from .verifiers import ANY_TREE, VERIFIERS, VerifyResult, choose_verifier
 
 TokenCallback = Callable[[list[int]], None]
+# the sequence so far (prompt + new tokens) -> stop after its last token
+StopCheck = Callable[[list[int]], bool]
 
 
 @dataclass
 class DecodeConfig:
+    """One request's settings. `logits_processor`: applied to the target's (and the draft's)
+    rows, each on its own path (engine/processors.py), before the sampling transform; None: the
+    raw rows, with the greedy screen. `stopping`: asked after every committed token, as
+    `generate`'s stopping criteria are; True ends the generation after that token (stop reason
+    "stop")."""
+
     max_new_tokens: int = 128
     sampling: SamplingConfig = SamplingConfig()
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    logits_processor: Processor | None = None
+    stopping: StopCheck | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -64,13 +75,18 @@ def check_context(
         )
 
 
-def _finish(new: list[int], out: list[int], cfg: DecodeConfig) -> tuple[list[int], str | None]:
-    """Cut `new` at max_new_tokens and just after an EOS; return (tokens to commit, stop reason)."""
+def _finish(
+    new: list[int], out: list[int], cfg: DecodeConfig, committed: list[int]
+) -> tuple[list[int], str | None]:
+    """Cut `new` at max_new_tokens and just after an EOS or the token the stopping check ends on
+    (`committed`: the sequence before `new`); return (tokens to commit, stop reason)."""
     room = cfg.max_new_tokens - len(out)
     new = new[:room]
     for i, tok in enumerate(new):
         if tok in cfg.eos_token_ids:
             return new[: i + 1], "eos"
+        if cfg.stopping is not None and cfg.stopping(committed + new[: i + 1]):
+            return new[: i + 1], "stop"
     return new, ("length" if len(out) + len(new) >= cfg.max_new_tokens else None)
 
 
@@ -230,7 +246,14 @@ class SpeculativeDecoder:
         returns the stop reason."""
         t0 = clock(self.target.device)
         root_logits = self.drafter.begin(committed)
-        ctx = DraftContext(self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance)
+        process = (
+            PathProcessor(cfg.logits_processor, committed, self.target.device)
+            if cfg.logits_processor is not None
+            else None
+        )
+        ctx = DraftContext(
+            self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance, process
+        )
         tree = self.builder.build(ctx, committed[-1])
         if self.reorder_dfs:
             tree = tree.permuted(dfs_order(tree))
@@ -241,9 +264,13 @@ class SpeculativeDecoder:
         past = self.target.cache_len
         # [N, V], rows computed as the verifier reads them
         logits = self.target.tree_forward(tree, lazy=True)
+        if process is not None:  # each row processed on its own path when the verifier reads it
+            logits = ProcessedRows(logits, lambda i: tree.path_tokens(i), process)
         t2 = clock(self.target.device)
         result = verify(tree, logits, cfg.sampling, gen)
-        new, stop = _finish([tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg)
+        new, stop = _finish(
+            [tree.tokens[n] for n in result.accepted] + [result.bonus], out, cfg, committed
+        )
         # all of them unless EOS / max_new_tokens cut the step short
         kept = result.accepted[: len(new) - 1]
         self.target.compact(past + 1, [past + n for n in kept])
@@ -321,12 +348,15 @@ def autoregressive_generate(
         logits = target.feed(torch.tensor(prompt_ids))  # the last row's logits, computed as read
         while stop is None:
             t0 = clock(target.device)
+            if cfg.logits_processor is not None:
+                process = PathProcessor(cfg.logits_processor, prompt_ids + out, target.device)
+                logits = ProcessedRows(logits, lambda i: (), process)
             token = (
                 greedy_token(logits, 0)
                 if cfg.sampling.greedy
                 else sample(probs_from_logits(logits[0], cfg.sampling), gen)
             )
-            new, stop = _finish([token], out, cfg)
+            new, stop = _finish([token], out, cfg, prompt_ids + out)
             out += new
             if on_tokens is not None:
                 on_tokens(new)

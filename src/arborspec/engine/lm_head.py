@@ -227,5 +227,6 @@ class LazyLogits:
 
 
 def greedy_token(logits, i: int) -> int:
-    """Row i's argmax token of `LazyLogits` (screened) or of a plain `[N, V]` logits tensor."""
-    return logits.argmax(i) if isinstance(logits, LazyLogits) else int(logits[i].argmax())
+    """Row i's argmax token of a plain `[N, V]` logits tensor, or through the rows' own `argmax`
+    (`LazyLogits`: screened; processed rows: their full row)."""
+    return int(logits[i].argmax()) if isinstance(logits, torch.Tensor) else logits.argmax(i)

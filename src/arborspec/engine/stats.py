@@ -43,7 +43,7 @@ class GenerationResult:
     text: str = ""  # the decoded output, filled in by the API (the engine sees token ids only)
     steps: list[StepStats]
     wall_time: float  # seconds from the first forward to the last token, prefill included
-    stop_reason: str  # "eos" | "length" | "interrupted"
+    stop_reason: str  # "eos" | "length" | "stop" (a stopping check) | "interrupted"
     config: dict = field(default_factory=dict)
 
     @property
