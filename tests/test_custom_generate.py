@@ -363,9 +363,9 @@ def test_embedded_target_through_generate(embedded):
     inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                      return_dict=True)
     for kw in ({}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}):
-        want = model.generate(**inputs, max_new_tokens=40, do_sample=False, **kw)
+        want = model.generate(**inputs, max_new_tokens=24, do_sample=False, **kw)
         for method in builder_names():
-            out = model.generate(**inputs, max_new_tokens=40, do_sample=False, **kw,
+            out = model.generate(**inputs, max_new_tokens=24, do_sample=False, **kw,
                                  custom_generate=arborspec.generate, method=method,
                                  builder_params=PARAMS.get(method))
             assert torch.equal(out, want), (method, kw)
