@@ -65,6 +65,8 @@ GEMMA3_PACKAGES = (
 )
 GEMMA3_PIP = "--no-deps " + " ".join(f"{name}==1.0.0" for name in GEMMA3_PACKAGES)
 GEMMA3_HEAD = "gemma3-270m-head"
+# the cache folder each built-in target is converted into
+BUILTIN_DIRS = {EMBEDDED_TARGET: "smollm2-135m-instruct", GEMMA3_TARGET: GEMMA3_TARGET}
 SHIPPED_GEMMA3_HEAD_DIR = Path(__file__).parent / "assets" / "gemma3-270m-head"
 # draft-head names -> (shipped directory, the draft to use instead when it is missing)
 SHIPPED_HEADS = {
@@ -356,7 +358,7 @@ def embedded_gguf_path() -> Path:
 
 def embedded_target_dir() -> Path:
     """Return the converted HF directory of the embedded target, converting it on first use."""
-    out = cache_root() / "smollm2-135m-instruct"
+    out = cache_root() / BUILTIN_DIRS[EMBEDDED_TARGET]
     if is_converted(out):
         return out
     return convert_gguf(
@@ -418,7 +420,7 @@ def gemma3_gguf(folder: Path) -> Path:
 def gemma3_target_dir() -> Path:
     """Return the converted HF directory of Gemma 3 270M, converting it on first use (the GGUF is
     put together in a temporary folder beside it and removed afterwards)."""
-    out = cache_root() / GEMMA3_TARGET
+    out = cache_root() / BUILTIN_DIRS[GEMMA3_TARGET]
     if is_converted(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -578,6 +580,8 @@ def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str
     would be meaningless)."""
     rows = [m.get_output_embeddings().weight.shape[0] for m in (draft_model, target_model)]
     check_vocab_size(*rows, what=f"draft {draft_name!r}")
+    if target_tok is None:  # a loaded target given without its tokenizer: the size check only
+        return
     try:
         draft_tok = load_tokenizer(draft_name)
     except ArborError:
@@ -670,23 +674,30 @@ def load_pair(
     adapter = ModelAdapter(target_model)
     if compile:
         adapter.compile()
-    if draft == NGRAM_DRAFT:
-        drafter: Drafter = NgramDrafter(adapter.vocab_size)
-    elif is_head_dir(draft):
-        drafter = HeadDrafter(
-            load_head(
-                resolve_head_dir(draft),
-                target_model,
-                parse_dtype(dtype),
-                int8_logits=int8_head,
-                int8_layers=int8_head,
-            )
-        )
-    else:
-        draft_model = load_model(draft, adapter.device, draft_precision(dtype))
-        check_same_vocabulary(target_model, tokenizer, draft_model, draft)
-        drafter = ModelDrafter(draft_model)
+    drafter = named_drafter(draft, adapter, tokenizer, dtype, int8_head)
     return ModelPair(target, draft, adapter, drafter, tokenizer)
+
+
+def named_drafter(
+    draft: str, adapter: ModelAdapter, tokenizer, precision: str, int8_head: bool
+) -> Drafter:
+    """The drafter a name stands for next to the target in `adapter`: "ngram", a draft-head
+    directory or a shipped head's name, else a draft model's id or directory (loaded in the
+    precision that goes with the target's, its vocabulary checked)."""
+    if draft == NGRAM_DRAFT:
+        return NgramDrafter(adapter.vocab_size)
+    if is_head_dir(draft):
+        head = load_head(
+            resolve_head_dir(draft),
+            adapter.model,
+            parse_dtype(precision),
+            int8_logits=int8_head,
+            int8_layers=int8_head,
+        )
+        return HeadDrafter(head)
+    draft_model = load_model(draft, adapter.device, draft_precision(precision))
+    check_same_vocabulary(adapter.model, tokenizer, draft_model, draft)
+    return ModelDrafter(draft_model)
 
 
 # ------------------------------------------------------------------ loaded objects
@@ -696,9 +707,6 @@ HEAD_BESIDE_MODEL = "arborspec-head"  # a head directory looked for inside a mod
 def model_name(model) -> str:
     """What a loaded model is called: the id or directory it was loaded from, else its class."""
     return str(getattr(model, "name_or_path", "") or type(model).__name__)
-
-
-BUILTIN_DIRS = {EMBEDDED_TARGET: "smollm2-135m-instruct", GEMMA3_TARGET: GEMMA3_TARGET}
 
 
 def builtin_target_of(model) -> str | None:
@@ -713,10 +721,6 @@ def builtin_target_of(model) -> str | None:
             return name
     return None
 
-
-def is_embedded_target(model) -> bool:
-    """Whether `model` was loaded from the embedded target's converted directory."""
-    return builtin_target_of(model) == EMBEDDED_TARGET
 
 
 def default_draft_for(model) -> str:
@@ -762,34 +766,12 @@ def pair_from_models(
     int8_head = head_int8(draft_logits, adapter.device, placed)
     if draft is None:
         draft = default_draft_for(model)
-    if isinstance(draft, str) and draft == NGRAM_DRAFT:
-        drafter: Drafter = NgramDrafter(adapter.vocab_size)
-        draft_name = NGRAM_DRAFT
-    elif isinstance(draft, str) and is_head_dir(draft):
-        drafter = HeadDrafter(
-            load_head(
-                resolve_head_dir(draft),
-                model,
-                parse_dtype(precision),
-                int8_logits=int8_head,
-                int8_layers=int8_head,
-            )
-        )
+    if isinstance(draft, str):
+        drafter: Drafter = named_drafter(draft, adapter, tokenizer, precision, int8_head)
         draft_name = draft
     elif isinstance(draft, DraftHead):
         check_vocab_size(draft.vocab_size, adapter.vocab_size, what="the draft head")
         drafter, draft_name = HeadDrafter(draft), "draft head"
-    elif isinstance(draft, str):
-        draft_model = load_model(draft, adapter.device, draft_precision(precision))
-        if tokenizer is not None:
-            check_same_vocabulary(model, tokenizer, draft_model, draft)
-        else:
-            check_vocab_size(
-                draft_model.get_output_embeddings().weight.shape[0],
-                adapter.vocab_size,
-                what=f"draft {draft!r}",
-            )
-        drafter, draft_name = ModelDrafter(draft_model), draft
     elif _is_model(draft):
         rows = draft.get_output_embeddings().weight.shape[0]
         check_vocab_size(rows, adapter.vocab_size, what=f"draft {model_name(draft)!r}")
