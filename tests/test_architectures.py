@@ -81,7 +81,7 @@ ARCHS = {
 }
 SLIDING = [name for name, (_, kw) in ARCHS.items() if kw.get("sliding_window")]
 # Random pairs are rarely confident enough for C2T's default threshold (tests/test_greedy_identity)
-EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}}
+EXTRA = {name: {"classifier": "none", "beta": 0.05} for name in ("c2t", "c2t-chain")}
 PROMPT = {"model": PROMPTS[0], "ngram": PROMPTS[1]}  # the repeating one gives the n-grams a match
 
 

@@ -1,4 +1,5 @@
-"""C2T: exact features, a classifier that beats the joint-probability rule, the file format, lossless decoding."""
+"""C2T: exact features, a classifier that beats the joint-probability rule, the file format, lossless decoding; C2T in
+chain mode (`c2t-chain`): the top-1 path, stopped exactly where the confidence first drops below beta."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 import arborspec.builders.c2t_classifier as c2t_classifier
 from arborspec.builders.base import top_children
-from arborspec.builders.c2t_classifier import c2t_features, load_classifier, top_entropy
+from arborspec.builders.c2t_classifier import (C2TClassifier, c2t_features, load_classifier, make_classifier,
+                                               save_classifier, top_entropy)
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.offline.c2t import C2TConfig, C2TDataset, label_tree, train, train_c2t_models
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
@@ -130,12 +132,15 @@ def test_load_validation_errors(tiny_classifier, tmp_path):
         load_classifier(tmp_path / "missing.safetensors")
 
 
-def test_builder_errors(monkeypatch, tmp_path, tiny_classifier):
+@pytest.mark.parametrize("name", ["c2t", "c2t-chain"])
+def test_builder_errors(monkeypatch, tmp_path, tiny_classifier, name):
     monkeypatch.setattr(c2t_classifier, "DEFAULT_CLASSIFIER", tmp_path / "absent.safetensors")
     with pytest.raises(ArborError, match="train-c2t"):
-        make_builder("c2t")
+        make_builder(name)
+    with pytest.raises(ArborError, match=r"beta must be in \[0, 1\]"):
+        make_builder(name, classifier="none", beta=1.5)
     _, _, path = tiny_classifier
-    builder = make_builder("c2t", classifier=str(path))
+    builder = make_builder(name, classifier=str(path))
     ctx = table_ctx(fixed_drafter([0.02] * 50, [0.02] * 50))
     with pytest.raises(ArborError, match="vocabulary of 96"):
         builder.build(ctx, 0)
@@ -167,4 +172,107 @@ def test_joint_probability_rule_equals_plain_decoding(close_pair):
     target, draft = close_pair
     mal = greedy_identity(target, draft, make_builder("c2t", budget=10, classifier="none", beta=0.05, topk=3,
                                                       max_depth=4))
+    assert mal > 1.0
+
+
+# --------------------------------------------------------------------------- chain mode
+CHAIN_VOCAB = 6
+CHAIN_TOP = [0.9, 0.8, 0.7, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]  # the top-1 probability after a path of each length
+
+
+def chain_top_token(path: tuple[int, ...]) -> int:
+    return (3 * sum(path) + len(path) + 1) % CHAIN_VOCAB
+
+
+def chain_dist(path: tuple[int, ...]) -> torch.Tensor:
+    """Top-1 token `chain_top_token(path)` with probability CHAIN_TOP[len(path)]; the rest spread evenly."""
+    top = CHAIN_TOP[len(path)]
+    dist = torch.full((CHAIN_VOCAB,), (1 - top) / (CHAIN_VOCAB - 1))
+    dist[chain_top_token(path)] = top
+    return dist
+
+
+def build_chain(**params) -> tuple[TokenTree, TableDrafter]:
+    drafter = TableDrafter(chain_dist, CHAIN_VOCAB)
+    tree = make_builder("c2t-chain", **params).build(table_ctx(drafter), 0)
+    return tree, drafter
+
+
+def assert_top1_chain(tree: TokenTree, length: int) -> None:
+    """The tree is the draft's top-1 path of `length` nodes, each valued at its joint probability."""
+    assert tree.size == length and tree.children_mode == "selected"
+    assert tree.parents[1:] == list(range(length))  # one child per node
+    path: tuple[int, ...] = ()
+    for node in range(1, length + 1):
+        assert tree.tokens[node] == chain_top_token(path)
+        path += (tree.tokens[node],)
+    joint = [math.prod(CHAIN_TOP[:d]) for d in range(1, length + 1)]
+    assert tree.values[1:] == pytest.approx(joint, rel=1e-6)
+
+
+# joint probabilities along the chain: 0.9, 0.72, 0.504, 0.3024, 0.1512, ...
+@pytest.mark.parametrize("beta,length", [(0.95, 0), (0.85, 1), (0.5, 3), (0.3, 4), (0.1, 5)])
+def test_chain_stops_where_the_joint_probability_first_drops_below_beta(beta, length):
+    tree, drafter = build_chain(classifier="none", beta=beta, budget=8)
+    assert_top1_chain(tree, length)
+    # one draft forward per depth, one row each: every chain node is expanded to judge its child
+    assert drafter.forwards == drafter.rows == length
+
+
+def test_chain_is_capped_by_budget_and_max_depth():
+    for params, length in [(dict(budget=5), 5), (dict(budget=8, max_depth=3), 3), (dict(budget=2, max_depth=6), 2),
+                           (dict(budget=1), 1)]:
+        tree, drafter = build_chain(classifier="none", beta=0.0, **params)
+        assert_top1_chain(tree, length)
+        assert drafter.forwards == drafter.rows == length - 1  # the last node is never expanded
+
+
+def linear_classifier(path, weights: list[float], bias: float, meta: dict) -> str:
+    """A classifier file whose confidence is exactly sigmoid(weights . features + bias): two hidden units,
+    relu(z) - relu(-z) = z."""
+    net = make_classifier()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        net[0].weight[0], net[0].bias[0] = torch.tensor(weights), bias
+        net[0].weight[1], net[0].bias[1] = -torch.tensor(weights), -bias
+        net[2].weight[0, :2] = torch.tensor([1.0, -1.0])
+    save_classifier(path, C2TClassifier(net, meta))
+    return str(path)
+
+
+def test_chain_stops_where_the_classifier_confidence_first_drops_below_beta(tmp_path):
+    # z = 5 * joint - parent entropy - 0.5 * depth + 0.2
+    path = linear_classifier(tmp_path / "linear.safetensors", [5.0, -1.0, -0.5], 0.2,
+                             {"vocab_size": CHAIN_VOCAB, "recommended_beta": 0.5})
+    z = []
+    for depth in range(1, 6):
+        parent = chain_dist(tuple(range(depth - 1)))  # the distribution's entropy depends on the depth alone
+        entropy = -float((parent * parent.log()).sum())
+        z.append(5 * math.prod(CHAIN_TOP[:depth]) - entropy - 0.5 * depth + 0.2)
+    assert [zi > 0.85 for zi in z] == [True, True, False, False, False]  # logit(0.7) = 0.847
+    assert [zi > 0 for zi in z] == [True, True, True, False, False]  # logit(0.5) = 0
+    tree, drafter = build_chain(classifier=path, beta=0.7)
+    assert_top1_chain(tree, 2)  # the joint-probability rule at beta 0.7 stops after 1 node
+    assert drafter.forwards == 2
+    tree, _ = build_chain(classifier=path)  # beta = the file's recommended 0.5
+    assert_top1_chain(tree, 3)
+    tree, _ = build_chain(classifier=path, beta=0.0, budget=4)
+    assert_top1_chain(tree, 4)
+
+
+def test_chain_refuses_more_than_one_child():
+    for topk in (2, 0):
+        with pytest.raises(ArborError, match="topk must be 1.*use method c2t"):
+            make_builder("c2t-chain", classifier="none", topk=topk)
+    assert make_builder("c2t-chain", classifier="none", topk=1).topk == 1
+    with pytest.raises(ArborError, match="max_depth must be >= 1"):
+        make_builder("c2t-chain", classifier="none", max_depth=0)
+
+
+def test_c2t_chain_greedy_equals_plain_decoding(close_pair, tiny_classifier):
+    target, draft = close_pair
+    _, _, path = tiny_classifier
+    mal = greedy_identity(target, draft, make_builder("c2t-chain", budget=6, classifier=str(path), beta=0.2,
+                                                      max_depth=5))
     assert mal > 1.0

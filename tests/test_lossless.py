@@ -17,7 +17,7 @@ from conftest import GREEDY_PROMPTS, assert_first_two_follow
 
 BUILDERS = builder_names()
 # Pair-specific artefacts do not exist for the random test models: C2T uses its joint-probability rule here.
-EXTRA = {"c2t": {"classifier": "none"}}
+EXTRA = {name: {"classifier": "none"} for name in ("c2t", "c2t-chain")}
 PROMPT = GREEDY_PROMPTS[0]
 
 

@@ -2,7 +2,7 @@
 registers them all."""
 
 # (each registers itself)
-from . import c2t, chain, dyspec, eagle2, opt_tree, sequoia, specinfer  # noqa: F401
+from . import c2t, c2t_chain, chain, dyspec, eagle2, opt_tree, sequoia, specinfer  # noqa: F401
 from .registry import builder_class, builder_names, make_builder, parse_budget, parse_params
 
 __all__ = ["builder_class", "builder_names", "make_builder", "parse_budget", "parse_params"]

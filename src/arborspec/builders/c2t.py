@@ -25,13 +25,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..common.vocab import check_vocab_size
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
-from ..errors import ArborError
-from . import c2t_classifier
 from .base import require_positive, top_children
-from .c2t_classifier import RETRAIN, C2TClassifier, c2t_features, load_classifier
+from .c2t_classifier import (
+    C2TClassifier,
+    builder_classifier,
+    builder_confidence,
+    builder_threshold,
+    c2t_features,
+    check_builder_vocab,
+)
 from .registry import register
 
 
@@ -52,38 +56,15 @@ class C2TBuilder(TreeBuilder):
 
     def __post_init__(self) -> None:
         require_positive(budget=self.budget, topk=self.topk, max_depth=self.max_depth)
-        self._clf = self._load()
-        if not 0 <= self.threshold <= 1:
-            raise ArborError(f"beta must be in [0, 1], got {self.threshold}")
-
-    def _load(self) -> C2TClassifier | None:
-        if isinstance(self.classifier, str) and self.classifier.lower() == "none":
-            return None
-        if self.classifier is not None:
-            return load_classifier(self.classifier)
-        default = c2t_classifier.DEFAULT_CLASSIFIER
-        if not default.is_file():
-            raise ArborError(
-                f"no C2T classifier at {default}: run `arborspec train-c2t` for the pair, pass "
-                "classifier=PATH, or classifier=none for the joint-probability rule"
-            )
-        return load_classifier(default)
+        self._clf = builder_classifier(self.classifier, self.beta)
 
     @property
     def threshold(self) -> float:
         """beta as given, else the classifier's recommended threshold, else 0.5."""
-        if self.beta is not None:
-            return self.beta
-        return float(self._clf.meta.get("recommended_beta", 0.5)) if self._clf is not None else 0.5
+        return builder_threshold(self.beta, self._clf)
 
     def build(self, ctx: DraftContext, root_token: int) -> TokenTree:
-        if self._clf is not None:
-            check_vocab_size(
-                self._clf.meta.get("vocab_size"),
-                ctx.vocab_size,
-                what="the C2T classifier",
-                fix=RETRAIN,
-            )
+        check_builder_vocab(self._clf, ctx.vocab_size)
         tree = TokenTree.from_root(root_token, self.children_mode)
         frontier = [0]
         for _ in range(self.max_depth):
@@ -102,6 +83,4 @@ class C2TBuilder(TreeBuilder):
         return tree
 
     def confidence(self, features: torch.Tensor) -> torch.Tensor:  # [C, 3] -> [C]
-        if self._clf is None:
-            return features[:, 0]
-        return self._clf.confidence(features)
+        return builder_confidence(self._clf, features)

@@ -11,6 +11,9 @@ The classifier is `Linear(3, 48) -> ReLU -> Linear(48, 1)` followed by a sigmoid
 ("confidence"). It is saved as safetensors with its JSON metadata (pair,
 vocabulary, metrics, training config) in the file header.
 
+What both C2T builders (`c2t.py`, `c2t_chain.py`) share is here too: the classifier their
+`classifier=` parameter names, their threshold, the confidence of a candidate.
+
 Training lives offline (`offline/c2t.py`); this module never imports it.
 """
 
@@ -130,3 +133,50 @@ def load_classifier(
         meta.get("vocab_size"), vocab_size, what=f"C2T classifier {str(path)!r}", fix=RETRAIN
     )
     return C2TClassifier(net.eval(), meta)
+
+
+# ---------------------------------------------------------------------------- for the builders
+def builder_classifier(
+    spec: str | Path | None, beta: float | None
+) -> C2TClassifier | None:
+    """The classifier a builder's `classifier=` names: a file; None = the shipped file for the
+    embedded pair; "none" = no classifier (the joint probability is the confidence). One-line
+    ArborError when the file is missing or bad, or when the threshold it gives with `beta` is
+    outside [0, 1]."""
+    if isinstance(spec, str) and spec.lower() == "none":
+        clf = None
+    elif spec is not None:
+        clf = load_classifier(spec)
+    elif not DEFAULT_CLASSIFIER.is_file():
+        raise ArborError(
+            f"no C2T classifier at {DEFAULT_CLASSIFIER}: run `arborspec train-c2t` for the pair, "
+            "pass classifier=PATH, or classifier=none for the joint-probability rule"
+        )
+    else:
+        clf = load_classifier(DEFAULT_CLASSIFIER)
+    threshold = builder_threshold(beta, clf)
+    if not 0 <= threshold <= 1:
+        raise ArborError(f"beta must be in [0, 1], got {threshold}")
+    return clf
+
+
+def builder_threshold(beta: float | None, clf: C2TClassifier | None) -> float:
+    """beta as given, else the classifier's recommended threshold, else 0.5."""
+    if beta is not None:
+        return beta
+    return float(clf.meta.get("recommended_beta", 0.5)) if clf is not None else 0.5
+
+
+def builder_confidence(
+    clf: C2TClassifier | None, features: torch.Tensor
+) -> torch.Tensor:  # [C, 3] -> [C]
+    """The classifier's confidence in each candidate; without one, its joint probability."""
+    return features[:, 0] if clf is None else clf.confidence(features)
+
+
+def check_builder_vocab(clf: C2TClassifier | None, vocab_size: int) -> None:
+    """One-line ArborError when the classifier was trained on another vocabulary."""
+    if clf is not None:
+        check_vocab_size(
+            clf.meta.get("vocab_size"), vocab_size, what="the C2T classifier", fix=RETRAIN
+        )

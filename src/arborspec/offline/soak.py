@@ -35,7 +35,8 @@ from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_gen
 from ..engine.invariants import CacheCheck
 from ..engine.sampling import SamplingConfig
 
-EXTRA = {"c2t": {"classifier": "none"}}  # no trained classifier exists for random pairs
+# no trained classifier exists for random pairs
+EXTRA = {name: {"classifier": "none"} for name in ("c2t", "c2t-chain")}
 
 
 @dataclass
