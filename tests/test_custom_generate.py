@@ -40,7 +40,7 @@ from arborspec.models import HEAD_BESIDE_MODEL, default_draft_for
 
 PROMPT = torch.tensor([[5, 17, 33, 2 + 40, 9, 40, 17, 33]])
 # builder parameters a builder needs on tiny models (C2T without a trained classifier)
-PARAMS = {"c2t": {"classifier": "none", "beta": 0.05}}
+PARAMS = {name: {"classifier": "none", "beta": 0.05} for name in ("c2t", "c2t-chain")}
 PROCESSORS = {
     "plain": {},
     "repetition": {"repetition_penalty": 1.4},
@@ -256,10 +256,30 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(pair, kw, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_batch_is_refused_in_one_line(pair):
+@pytest.mark.parametrize("processors", ["plain", "repetition", "no-repeat"])
+def test_a_left_padded_batch_is_decoded_together_row_by_row_as_alone(pair, processors):
+    """A batch of three prompts of different lengths (left padding): each row's new tokens = `generate` of that
+    prompt alone, padded after its end with the pad token; `arborspec` holds the rows' results."""
+    target, draft = pair
+    rows = [PROMPT[0].tolist(), [60, 61, 62, 60, 61], [88, 7, 9]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    kw = dict(max_new_tokens=12, eos_token_id=[2, 77], **PROCESSORS[processors])
+    out = spec(target, ids, draft=draft, attention_mask=mask, return_dict_in_generate=True, **kw)
+    alone = [hf(target, torch.tensor([r]), **kw)[0, len(r):].tolist() for r in rows]
+    assert torch.equal(out.sequences[:, :width], ids)
+    longest = max(map(len, alone))
+    assert out.sequences[:, width:].tolist() == [a + [0] * (longest - len(a)) for a in alone]
+    assert [r.output_ids for r in out.arborspec] == alone
+
+
+def test_length_processors_on_a_padded_batch_are_refused_in_one_line(pair):
     target, _ = pair
-    with pytest.raises(ArborError, match="one sequence per call"):
-        spec(target, torch.cat([PROMPT, PROMPT]), draft="ngram", max_new_tokens=4)
+    ids = torch.tensor([[0, 0, 5, 17], [60, 61, 62, 63]])
+    mask = (ids != 0).long()
+    with pytest.raises(ArborError, match="padded length"):
+        spec(target, ids, draft="ngram", attention_mask=mask, max_new_tokens=6, min_new_tokens=3)
 
 
 # --------------------------------------------------------------------------- the caller's model

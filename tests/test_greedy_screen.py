@@ -67,6 +67,20 @@ def test_near_ties_are_resolved_by_the_float32_logits():
         assert screen.candidates - before >= 2
 
 
+def test_rows_screened_together_get_what_each_gets_alone():
+    """Batched decoding screens many rows in one int8 product: every row's screen logits, bounds and token are
+    exactly those of the row alone, near ties included."""
+    weight, hid = head_and_rows(rows=24, seed=3)
+    screen = screen_of(weight)
+    rows = torch.cat([hid[:12], near_ties(weight, hid[12:])])
+    approx, bound = screen.bounds(rows)
+    for i, h in enumerate(rows):
+        a, b = screen.bounds(h[None])
+        assert torch.equal(approx[i], a[0]) and torch.equal(bound[i], b[0])
+    assert screen.argmax_rows(rows) == [screen.argmax(h[None]) for h in rows]
+    assert screen.argmax_rows(rows) == (rows.double() @ weight.double().t()).argmax(1).tolist()
+
+
 def test_a_bound_too_tight_is_caught():
     """Negative control: the same check fails for a screen whose bounds are shrunk 100 times."""
     weight, hid = head_and_rows(rows=40, seed=2)

@@ -8,9 +8,11 @@ callable for `model.generate(custom_generate=arborspec.generate)`) and the CLI.
 
 from .api import ModelPair, SpeculativeGenerator, load_pair, pair_from_models
 from .builders import builder_names, make_builder
+from .builders.shared_budget import SharedBudget
 from .common.provenance import __version__
 from .custom_generate import ArborspecGenerateOutput, generate
 from .drafters import DraftHead, load_head
+from .engine.batch_decode import BatchDecoder, BatchRequest, RequestHandle
 from .engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from .engine.sampling import SamplingConfig
 from .engine.stats import GenerationResult, StepStats
@@ -20,11 +22,15 @@ from .errors import ArborError
 __all__ = [
     "ArborError",
     "ArborspecGenerateOutput",
+    "BatchDecoder",
+    "BatchRequest",
     "DecodeConfig",
     "DraftHead",
     "GenerationResult",
     "ModelPair",
+    "RequestHandle",
     "SamplingConfig",
+    "SharedBudget",
     "SpeculativeDecoder",
     "SpeculativeGenerator",
     "StepStats",

@@ -16,12 +16,15 @@ Method, tree size, context lookup and precision default to the device's choice
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from .builders import make_builder
+from .builders.shared_budget import SharedBudget
 from .common.chat import encode_prompt, eos_ids
 from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
+from .engine.batch_decode import BatchDecoder, BatchInterrupted, BatchRequest
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
 from .engine.stats import GenerationInterrupted, GenerationResult
@@ -253,6 +256,90 @@ class SpeculativeGenerator:
         return self._run(
             lambda ids: autoregressive_generate(self.pair.target, ids, cfg, on_tokens), prompt, chat
         )
+
+    def generate_batch(
+        self,
+        prompts: list[str | list[int]],
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        chat: bool = True,
+        max_requests: int = 64,
+        max_rows: int = 256,
+        shared_budget: SharedBudget | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+        draft_temperature: float | None = None,
+    ) -> list[GenerationResult]:
+        """Decode several prompts together (engine/batch_decode.py): one target forward per step for
+        every request in flight, at most `max_requests` of them and `max_rows` rows per forward.
+        Prompt i is sampled with seed `seed + i`. `shared_budget`: grow every request's tree from
+        one heap sized by the batch's measured costs (builders/shared_budget.py) instead of this
+        generator's per-request budget. `on_tokens(i, tokens)`: each step's new tokens of prompt
+        i. Results in the order of `prompts`; greedy on the int8 target, each is exactly the
+        one `generate` gives that prompt alone."""
+        cfg = self._config(
+            max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature
+        )
+        return self._run_batch(prompts, cfg, chat, True, max_requests, max_rows, shared_budget, on_tokens)
+
+    def generate_autoregressive_batch(
+        self,
+        prompts: list[str | list[int]],
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        chat: bool = True,
+        max_requests: int = 64,
+        max_rows: int = 256,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+    ) -> list[GenerationResult]:
+        """The plain baseline of `generate_batch`: the same batching, no drafting."""
+        cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
+        return self._run_batch(prompts, cfg, chat, False, max_requests, max_rows, None, on_tokens)
+
+    def _run_batch(
+        self, prompts, cfg, chat, speculative, max_requests, max_rows, shared, on_tokens
+    ) -> list[GenerationResult]:
+        if self.tokenizer is None and not all(isinstance(p, list) for p in prompts):
+            raise ArborError(
+                "text prompts need the target's tokenizer: pass it to from_models, or give "
+                "token ids"
+            )
+        decoder = BatchDecoder(
+            self.pair.target,
+            self.pair.drafter if speculative else None,
+            max_rows=max_rows,
+            max_requests=max_requests,
+            shared=shared,
+        )
+        handles = []
+        for i, prompt in enumerate(prompts):
+            callback = None if on_tokens is None else (lambda tokens, i=i: on_tokens(i, tokens))
+            request = BatchRequest(
+                encode_prompt(self.tokenizer, prompt, chat),
+                dataclasses.replace(cfg, seed=cfg.seed + i),
+                self.builder if speculative else None,
+                lookup=self.settings.lookup if speculative else 0,
+                on_tokens=callback,
+            )
+            handles.append(decoder.submit(request))
+        try:
+            decoder.run()
+        except KeyboardInterrupt:
+            for handle in handles:  # what each request generated so far is kept
+                decoder.cancel(handle)
+            raise BatchInterrupted([self._texted(h.result) for h in handles]) from None
+        return [self._texted(h.result) for h in handles]
+
+    def _texted(self, result: GenerationResult) -> GenerationResult:
+        result.text = self._text(result.output_ids)
+        return result
 
     def _run(
         self, decode: Callable[[list[int]], GenerationResult], prompt: str | list[int], chat: bool

@@ -24,9 +24,13 @@ criteria as usual and hands them to this callable instead of its own decoding lo
 * `return_dict_in_generate=True`: `sequences` plus `arborspec`, the `GenerationResult` with the
   per-step statistics.
 
-`num_beams > 1`, `num_return_sequences > 1`, `output_scores`, `output_logits`,
-`output_attentions` and `output_hidden_states` are refused in one line, as is a batch of more
-than one sequence. Extra keywords: `draft` (None: the shipped head for the embedded target, a
+A batch of prompts (left padding) is decoded together, one target forward per step for every
+row (engine/batch_decode.py; row i sampled with seed `seed + i`), each row as its prompt alone
+(its processors see its own tokens, no padding), and padded after its end as `generate` pads
+it; `min_length` / `min_new_tokens`, which count the padded length, are refused for a padded
+batch. `num_beams > 1`,
+`num_return_sequences > 1`, `output_scores`, `output_logits`, `output_attentions` and
+`output_hidden_states` are refused in one line. Extra keywords: `draft` (None: the shipped head for the embedded target, a
 head in `<model dir>/arborspec-head`, else "ngram"; or a head directory, a draft model or its
 name, a `DraftHead`), `method`, `budget`, `lookup`, `verifier`, `draft_logits`,
 `builder_params` (the method's other parameters, a dict) and `seed` (None: drawn from torch's
@@ -40,6 +44,8 @@ settings for the next call.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import sys
 import weakref
 from dataclasses import dataclass
@@ -55,6 +61,7 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .api import SpeculativeGenerator
+from .engine.batch_decode import BatchDecoder, BatchRequest
 from .engine.decode import DecodeConfig
 from .engine.sampling import SamplingConfig
 from .engine.stats import GenerationResult
@@ -127,13 +134,14 @@ def generate(
     `generate`'s output."""
     config = generation_config if generation_config is not None else model.generation_config
     check_config(config)
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+    if input_ids.dim() != 2:
         raise ArborError(
-            f"arborspec.generate takes one sequence per call, got a batch of "
-            f"{input_ids.shape[0] if input_ids.dim() == 2 else 'shape ' + str(tuple(input_ids.shape))}"
-            ": call it once per prompt"
+            f"arborspec.generate takes input_ids of shape [batch, length], got "
+            f"{tuple(input_ids.shape)}: pass the tokenizer's input_ids"
         )
-    prompt = unpadded(input_ids, model_kwargs.get("attention_mask"))
+    mask = model_kwargs.get("attention_mask")
+    prompts = [unpadded(input_ids[i : i + 1], None if mask is None else mask[i : i + 1])
+               for i in range(input_ids.shape[0])]
     max_new = (config.max_length or 0) - input_ids.shape[1]
     if max_new < 1:
         raise ArborError(
@@ -142,6 +150,13 @@ def generate(
         )
     streamer = streamer if streamer is not None else _generate_streamer()
     processors = per_node_processors(logits_processor)
+    if processors and any(len(p) < input_ids.shape[1] for p in prompts) and any(
+        isinstance(p, LENGTH_PROCESSORS) for p in processors
+    ):
+        raise ArborError(
+            "min_length / min_new_tokens count the padded length of a left-padded batch, while "
+            "arborspec decodes each row as its prompt alone: generate such prompts one per call"
+        )
     cfg = DecodeConfig(
         max_new_tokens=max_new,
         # the processors carry temperature, top-k and top-p: the verifier samples their output
@@ -154,6 +169,8 @@ def generate(
     gen = generator_for(
         model, draft, method, budget, lookup, verifier, draft_logits, builder_params or {}
     )
+    if len(prompts) > 1:
+        return _generate_batch(gen, input_ids, prompts, cfg, config, verifier)
     on_tokens = None
     if streamer is not None:
 
@@ -161,7 +178,7 @@ def generate(
             streamer.put(torch.tensor(new, dtype=torch.long))
 
     try:
-        result = gen.decoder.generate(prompt, cfg, on_tokens)
+        result = gen.decoder.generate(prompts[0], cfg, on_tokens)
     finally:
         if streamer is not None:
             streamer.end()
@@ -174,6 +191,59 @@ def generate(
     if config.return_dict_in_generate:
         return ArborspecGenerateOutput(sequences=sequences, arborspec=result)
     return sequences
+
+
+def _generate_batch(gen, input_ids, prompts, cfg, config, verifier):
+    """A batch of prompts decoded together (engine/batch_decode.py), row i sampled with seed
+    `seed + i`; `generate`'s output: each row its input (left padding kept) and new tokens,
+    finished rows padded after their end with the pad token (else the first EOS), as `generate`
+    pads them; `arborspec` is then the list of the rows' results."""
+    decoder = BatchDecoder(gen.pair.target, gen.pair.drafter)
+    if cfg.logits_processor is not None:
+        cfg = dataclasses.replace(cfg, logits_processor=unbatched(cfg.logits_processor))
+    handles = [
+        decoder.submit(
+            BatchRequest(
+                prompt,
+                dataclasses.replace(cfg, seed=cfg.seed + i),
+                gen.builder,
+                lookup=gen.settings.lookup,
+                verifier=verifier,
+            )
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    try:
+        decoder.run()
+    finally:
+        gen.pair.target.reset()
+    results = [h.result for h in handles]
+    longest = max(len(r.output_ids) for r in results)
+    pad = config.pad_token_id
+    if pad is None:
+        pad = cfg.eos_token_ids[0] if cfg.eos_token_ids else 0
+    new = torch.tensor(
+        [r.output_ids + [pad] * (longest - len(r.output_ids)) for r in results],
+        dtype=input_ids.dtype,
+        device=input_ids.device,
+    )
+    sequences = torch.cat([input_ids, new], dim=1)
+    if config.return_dict_in_generate:
+        return ArborspecGenerateOutput(sequences=sequences, arborspec=results)
+    return sequences
+
+
+def unbatched(processors: lp.LogitsProcessorList) -> lp.LogitsProcessorList:
+    """The processors for one row of a batch, decoded as its prompt alone: the repetition
+    penalty's per-row padding lengths (which `generate` sets to keep pad tokens out of it) dropped,
+    since a row's own tokens hold no padding."""
+    rows = lp.LogitsProcessorList()
+    for p in processors:
+        if isinstance(getattr(p, "prompt_ignore_length", None), torch.Tensor):
+            p = copy.copy(p)
+            p.prompt_ignore_length = None
+        rows.append(p)
+    return rows
 
 
 def _seed(seed: int | None, sampling: bool) -> int:
@@ -227,6 +297,8 @@ def per_node_processors(processors) -> lp.LogitsProcessorList | None:
 
 
 _ALLOWED = frozenset(PER_NODE_PROCESSORS) | {lp.NoBadWordsLogitsProcessor}
+# processors that count the length of the (padded) input
+LENGTH_PROCESSORS = (lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor)
 
 
 def eos_token_ids(config) -> tuple[int, ...]:

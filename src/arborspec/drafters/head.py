@@ -60,6 +60,7 @@ from ..engine.int8 import int8_rows_linear, pack_int8_weight, swap_linears
 from ..engine.placement import execution_device, materialised
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
+from .head_batch import HeadBatchDrafter
 from .model import tree_rows_allowed
 
 HEAD_FORMAT = "arborspec-draft-head"
@@ -332,6 +333,12 @@ class HeadDrafter(Drafter):
         self.device = head.body.norm.weight.device
         self.dtype = head.body.norm.weight.dtype
         self.reset()
+
+    def spawn(self) -> "HeadDrafter":
+        return HeadDrafter(self.head)
+
+    def batched(self) -> HeadBatchDrafter:
+        return HeadBatchDrafter(self.head)
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.head.body.config)

@@ -10,6 +10,8 @@ yet are fed at the next `begin`.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..common.timing import clock
@@ -47,6 +49,12 @@ class ModelDrafter(Drafter):
         self.vocab_size = self.lm.vocab_size
         self.slots: dict[tuple[int, ...], int] = {}  # token path from the root -> draft cache row
         self.base = 0  # committed tokens in the cache after `begin`
+
+    def spawn(self) -> "ModelDrafter":
+        twin = copy.copy(self)
+        twin.lm = copy.copy(self.lm)  # the same model and LM head, a cache of its own
+        twin.reset()
+        return twin
 
     @property
     def max_positions(self) -> int:

@@ -128,3 +128,19 @@ class AttentionLayout:
         if SLIDING in self.types:
             out[SLIDING] = additive_mask(allowed & near.to(allowed.device), dtype)[None, None]
         return next(iter(out.values())) if len(out) == 1 else out
+
+    def batch_mask(
+        self,
+        allowed: torch.Tensor,  # [B, N, W + N] bool
+        query_positions: torch.Tensor,  # [B, N] long
+        key_positions: torch.Tensor,  # [B, W + N] long
+        dtype: torch.dtype,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """`mask` for a batch of rows (engine/batch_rows.py): additive `[B, 1, N, W + N]` masks,
+        one for every layer or a dict by layer type."""
+        out = {FULL: additive_mask(allowed, dtype)[:, None]} if FULL in self.types else {}
+        if SLIDING in self.types:
+            near = query_positions[:, :, None] - key_positions[:, None, :] < self.window
+            out[SLIDING] = additive_mask(allowed & near, dtype)[:, None]
+        return next(iter(out.values())) if len(out) == 1 else out
+

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from ..errors import ArborError
 from .acceptance import AcceptanceModel
 from .cost import CostCurve
 from .processors import PathProcessor, draft_row
@@ -83,6 +84,16 @@ class Drafter(ABC):
             )
         self.observe(target.features_along(ids))
 
+    def spawn(self) -> "Drafter":
+        """A fresh drafter of the same kind sharing this one's weights, with state of its own: one
+        per request when a batch drafts request by request (engine/batch_drafts.py)."""
+        raise ArborError(f"{type(self).__name__} cannot draft for a batch of requests")
+
+    def batched(self) -> "BatchDrafter | None":
+        """A drafter that drafts for every request of a batch in one forward per call, where this
+        kind has one (the draft head); None: one spawned drafter per request."""
+        return None
+
     @property
     def max_positions(self) -> int:
         return 1 << 30
@@ -92,6 +103,41 @@ class Drafter(ABC):
         """Tokens in the drafter's KV cache between steps (never more than the committed
         ones); 0 without one."""
         return 0
+
+
+class BatchDrafter(ABC):
+    """The draft side of a batch of requests (engine/batch_decode.py), each known by its key:
+    the `Drafter` calls, each for several requests at once.
+
+    `join` starts a request from its prompt (with the target's features of every prompt token but
+    the last, for a drafter with `uses_target_features`), `begin` syncs requests with their committed tokens and
+    gives their roots' logits, `expand` drafts tree nodes of several requests' trees, `commit`
+    ends their step (with the target's features of the root and the accepted nodes), `leave`
+    forgets a request. `forward_time`/`forwards` count since the last `begin`."""
+
+    uses_target_features: bool = False
+    vocab_size: int
+    forward_time: float = 0.0
+    forwards: int = 0
+
+    @abstractmethod
+    def join(self, key, prompt_ids: list[int], features: torch.Tensor | None) -> None: ...
+
+    @abstractmethod
+    def leave(self, key) -> None: ...
+
+    @abstractmethod
+    def begin(self, committed: dict) -> dict:
+        """key -> committed tokens  =>  key -> the root's logits `[V]`."""
+
+    @abstractmethod
+    def expand(self, items: list[tuple]) -> list[torch.Tensor]:
+        """`(key, tree, nodes)` items -> each item's logits `[K, V]`."""
+
+    @abstractmethod
+    def commit(self, items: list[tuple], features: dict) -> None:
+        """`(key, tree, accepted)` items; `features`: key -> `[1 + accepted, H]` target features
+        (or None) of the root and the accepted nodes."""
 
 
 class DraftContext:
@@ -130,21 +176,29 @@ class DraftContext:
         self.vocab_size = root_logits.shape[-1]
 
     def probs(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
-        keys = [tuple(tree.path_tokens(n)) for n in nodes]
-        todo = [n for n, key in zip(nodes, keys) if key not in self._probs]
-        todo = list(dict.fromkeys(todo))
+        todo = self.missing(tree, nodes)
         if todo:
-            logits = self.drafter.expand(tree, todo)
-            if self.process is not None:
-                logits = torch.stack(
-                    [
-                        draft_row(self.process, tree.path_tokens(n), row)
-                        for n, row in zip(todo, logits)
-                    ]
-                )
-            for n, row in zip(todo, probs_from_logits(logits, self.cfg)):
-                self._probs[tuple(tree.path_tokens(n))] = row
-        return torch.stack([self._probs[key] for key in keys])
+            self.store(tree, todo, self.drafter.expand(tree, todo))
+        return torch.stack([self._probs[tuple(tree.path_tokens(n))] for n in nodes])
+
+    def missing(self, tree: TokenTree, nodes: list[int]) -> list[int]:
+        """The nodes among `nodes` whose draft probabilities are not known yet, once each."""
+        return list(dict.fromkeys(n for n in nodes if tuple(tree.path_tokens(n)) not in self._probs))
+
+    def store(self, tree: TokenTree, nodes: list[int], logits: torch.Tensor) -> None:
+        """Keep the draft probabilities of `nodes` from their draft logits `[K, V]` (processed on
+        their paths, then the draft-side sampling transform)."""
+        if self.process is not None:
+            logits = torch.stack(
+                [draft_row(self.process, tree.path_tokens(n), row) for n, row in zip(nodes, logits)]
+            )
+        for n, row in zip(nodes, probs_from_logits(logits, self.cfg)):
+            self._probs[tuple(tree.path_tokens(n))] = row
+
+    def acceptance_rate(self, q: float, rank: int) -> float:
+        """The generation's calibrated acceptance rate of a draw of draft probability q and sibling
+        rank `rank` (engine/acceptance.py; q itself without an acceptance model)."""
+        return self.acceptance.rate(q, rank) if self.acceptance is not None else q
 
     def has_probs(self, tree: TokenTree, node: int) -> bool:
         """Whether `probs(tree, [node])` is already known this step (no draft forward needed)."""

@@ -96,40 +96,56 @@ class GreedyScreen:
         self.hidden_size = self.weight.shape[1]
         self.candidates = 0  # float32 rows computed so far (statistics and tests)
 
-    def bounds(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Screen logits `[V]` and their error bounds `[V]` for one float32 row `[1, H]`."""
+    def bounds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Screen logits `[K, V]` and their error bounds `[K, V]` for float32 rows `[K, H]`: one
+        int8 product for all of them (exact integer sums, so each row's values are those it gets
+        alone), the rest row by row."""
         k = min(self.OUTLIERS, self.hidden_size)
-        keep = row[0].abs().topk(k).indices
-        rest = row.clone()
-        rest[0, keep] = 0.0
+        keep = rows.abs().topk(k, dim=1).indices  # [K, k]
+        rest = rows.clone()
+        rest.scatter_(1, keep, 0.0)
         # x: what the kernel rounded to 8 bits
-        approx, x, scale = int8_rows_product(rest, self.packed)
-        approx = approx[0].add_((row[:, keep] @ self.weight_t.index_select(0, keep))[0])
-        scale = float(scale)
-        xd = x[0].double()
-        rounded = torch.round(xd)
-        norm_h = float(row.double().norm())
-        # |h - h^|_2 over the quantised channels
-        gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
-        norm_hat = scale * float(rounded.norm())  # |h^|_2
-        per_w = 1.001 * gap + 2 * self.hidden_size * 2.0**-24 * norm_h
-        return approx, torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat)
+        approx, x, scales = int8_rows_product(rest, self.packed)
+        bounds = torch.empty_like(approx)
+        for i in range(rows.shape[0]):
+            row, kept = rows[i : i + 1], keep[i]
+            approx[i].add_((row[:, kept] @ self.weight_t.index_select(0, kept))[0])
+            scale = float(scales[i])
+            xd = x[i].double()
+            rounded = torch.round(xd)
+            norm_h = float(row.double().norm())
+            # |h - h^|_2 over the quantised channels
+            gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
+            norm_hat = scale * float(rounded.norm())  # |h^|_2
+            per_w = 1.001 * gap + 2 * self.hidden_size * 2.0**-24 * norm_h
+            torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat, out=bounds[i])
+        return approx, bounds
 
     def argmax(self, hidden: torch.Tensor) -> int | None:
         """The greedy token of `hidden` `[1, H]`; None when the row is not finite (let
         the full row decide)."""
-        row = hidden.reshape(1, -1).float()
-        approx, bound = self.bounds(row)
-        floor = (approx - bound).max()
-        # approx is ours: its upper bounds in place
-        cand = torch.nonzero(approx.add_(bound) >= floor)[:, 0]
-        if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
-            return None
-        self.candidates += cand.numel()
-        if cand.numel() == 1:
-            return int(cand[0])
-        exact = torch.mv(self.weight.index_select(0, cand), row[0])
-        return int(cand[int(exact.argmax())])
+        return self.argmax_rows(hidden.reshape(1, -1))[0]
+
+    def argmax_rows(self, hidden: torch.Tensor) -> list[int | None]:
+        """`argmax` of every row of `hidden` `[K, H]`, the screen's int8 product run once for all
+        (batched decoding); each row's answer is the one it gets alone."""
+        rows = hidden.float()
+        approx, bound = self.bounds(rows)
+        floor = (approx - bound).amax(dim=1, keepdim=True)
+        upper = approx.add_(bound) >= floor  # approx is ours: its upper bounds in place
+        tokens: list[int | None] = []
+        for i in range(rows.shape[0]):
+            cand = torch.nonzero(upper[i])[:, 0]
+            if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
+                tokens.append(None)
+                continue
+            self.candidates += cand.numel()
+            if cand.numel() == 1:
+                tokens.append(int(cand[0]))
+                continue
+            exact = torch.mv(self.weight.index_select(0, cand), rows[i])
+            tokens.append(int(cand[int(exact.argmax())]))
+        return tokens
 
 
 def screen_for(
@@ -186,8 +202,15 @@ class HeadRows:
 
     def greedy(self, hidden: torch.Tensor) -> int:
         """The argmax token of one hidden row `[1, H]` (the screen where there is one)."""
-        token = self.screen.argmax(hidden) if self.screen is not None else None
-        return token if token is not None else int(self.logits(hidden)[0].argmax())
+        return self.greedy_rows(hidden)[0]
+
+    def greedy_rows(self, hidden: torch.Tensor) -> list[int]:
+        """`greedy` of every row of `hidden` `[K, H]`, screened together (batched decoding)."""
+        tokens = self.screen.argmax_rows(hidden) if self.screen is not None else [None] * len(hidden)
+        return [
+            t if t is not None else int(self.logits(hidden[i : i + 1])[0].argmax())
+            for i, t in enumerate(tokens)
+        ]
 
 
 class LazyLogits:
@@ -230,3 +253,20 @@ def greedy_token(logits, i: int) -> int:
     """Row i's argmax token of a plain `[N, V]` logits tensor, or through the rows' own `argmax`
     (`LazyLogits`: screened; processed rows: their full row)."""
     return int(logits[i].argmax()) if isinstance(logits, torch.Tensor) else logits.argmax(i)
+
+
+@torch.inference_mode()
+def screen_rows(rows: list[tuple[LazyLogits, int]]) -> None:
+    """The greedy tokens of rows of several `LazyLogits` on one head (`(logits, row)` pairs), in one
+    screened pass: batched decoding's greedy verifiers, walking every request's tree a depth at a
+    time, read one row per request per depth, and one pass over all of them costs little more
+    than one row alone. Each row's token is the one `argmax` gives it alone."""
+    todo = [(lazy, i) for lazy, i in rows if i not in lazy.best]
+    if not todo:
+        return
+    first = todo[0][0]
+    t0 = clock(first.hidden.device)
+    hidden = torch.cat([lazy.hidden[i : i + 1] for lazy, i in todo])
+    for (lazy, i), token in zip(todo, first.head.greedy_rows(hidden)):
+        lazy.best[i] = token
+    first.seconds += clock(first.hidden.device) - t0

@@ -1,0 +1,222 @@
+"""Several sequences in one KV cache: the layout batched decoding runs on (docs/algorithms.md §10).
+
+Row b of the batch holds its sequence's cached tokens in columns `[0, lens[b])`, each at the
+position equal to its column. The cache is as wide as its longest row; the columns past a shorter
+row's length are holes, which every forward masks out. A forward appends the same number of
+columns N to every row (a row with fewer new tokens is padded with rows that attend only to
+themselves); `settle` then moves the columns each row keeps to just after its valid prefix (the
+accepted path of a tree, a chunk of committed tokens) and crops the cache to its new longest row.
+Only the kept columns move: O(kept rows) per layer, as the single-sequence compaction
+(`ModelAdapter.compact`).
+
+Why padded rows rather than packed segments (one row holding every sequence back to back): the
+modelling code is transformers' own and runs one batch of `[B, N]` inputs with a `[B, 1, N, W+N]`
+mask; packing would give every forward a mask over the sum of all contexts (quadratic in the batch)
+and make each row's compaction move every later sequence. Holes cost attention over
+`max(lens) - lens[b]` masked columns per row, which `benchmarks/results/batch-layout.json` weighs
+against repacking.
+
+A sequence joins with the cache of its own prefill (batch size 1), padded to the batch's width and
+stacked; a sequence that leaves is cut out of every layer, and the cache shrinks to the longest row
+left. Layers are transformers' `DynamicLayer`s or the float64 `Float64Layer`s of the int8 target
+(engine/kv_cache.py); both are rebuilt through `_assign` on a join or a leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .kv_cache import MIN_CAPACITY, Float64Layer
+
+
+@dataclass
+class RowFeed:
+    """What one row feeds in a forward: k tokens, their positions, what they attend to among the
+    existing columns (`old`: `[k, W]` bool, W = the cache's width) and among the new ones
+    (`new`: `[k, k]` bool)."""
+
+    tokens: list[int]
+    positions: list[int]
+    old: torch.Tensor
+    new: torch.Tensor
+
+    @classmethod
+    def chunk(cls, tokens: list[int], start: int, length: int, width: int) -> "RowFeed":
+        """A plain chunk after a row's `length` cached tokens: causal, at positions start, ..."""
+        k = len(tokens)
+        old = (torch.arange(width) < length).expand(k, width)
+        return cls(tokens, list(range(start, start + k)), old, torch.ones(k, k, dtype=torch.bool).tril())
+
+
+def _tensors(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not getattr(layer, "is_initialized", False) or layer.keys is None:
+        return None
+    return layer.keys, layer.values
+
+
+def _assign(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Give `layer` these keys and values (a `Float64Layer`: in fresh buffers with room to grow)."""
+    if isinstance(layer, Float64Layer):
+        rows = keys.shape[2]
+        buffers = []
+        for states in (keys, values):
+            buffer = states.new_empty((*states.shape[:2], max(MIN_CAPACITY, 2 * rows), states.shape[3]))
+            buffer[:, :, :rows] = states
+            buffers.append(buffer)
+        layer._buffers = buffers
+        layer.keys, layer.values = (buffer[:, :, :rows] for buffer in buffers)
+        layer.dtype, layer.device = keys.dtype, keys.device
+    else:
+        layer.keys, layer.values = keys, values
+        layer.dtype, layer.device = keys.dtype, keys.device
+    layer.is_initialized = True
+
+
+def _pad(states: torch.Tensor, width: int) -> torch.Tensor:
+    if states.shape[2] == width:
+        return states
+    pad = states.new_zeros((*states.shape[:2], width - states.shape[2], states.shape[3]))
+    return torch.cat([states, pad], dim=2)
+
+
+class BatchRows:
+    """One KV cache for several sequences, a batch row each, keyed by the caller's keys."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cache: DynamicCache | None = None
+        self.keys: list[Hashable] = []  # the key of each batch row
+        self.lens: list[int] = []  # valid columns of each row
+
+    # ------------------------------------------------------------------ membership
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.keys
+
+    def row(self, key: Hashable) -> int:
+        return self.keys.index(key)
+
+    def length(self, key: Hashable) -> int:
+        return self.lens[self.row(key)]
+
+    @property
+    def width(self) -> int:
+        """Columns of the cache (its longest row, plus what a step appended and has not settled)."""
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def add(self, key: Hashable, cache: DynamicCache, length: int) -> None:
+        """A sequence joins with the cache of its own prefill (batch size 1, `length` columns, or
+        no tensors yet when `length` is 0)."""
+        if key in self.keys:
+            raise ValueError(f"{key!r} is in the batch already")
+        if self.cache is None:
+            self.cache = cache
+        else:
+            width = max(self.width, length)
+            for mine, theirs in zip(self.cache.layers, cache.layers):
+                a, b = _tensors(mine), _tensors(theirs)
+                if b is None and a is None:
+                    continue
+                like = a if a is not None else b
+                if a is None:  # every row so far is empty
+                    a = tuple(t.new_zeros((len(self.keys), *t.shape[1:2], 0, t.shape[3])) for t in b)
+                if b is None:
+                    b = tuple(t.new_zeros((1, *t.shape[1:2], 0, t.shape[3])) for t in like)
+                keys = torch.cat([_pad(a[0], width), _pad(b[0].to(a[0].dtype), width)])
+                values = torch.cat([_pad(a[1], width), _pad(b[1].to(a[1].dtype), width)])
+                _assign(mine, keys, values)
+        self.keys.append(key)
+        self.lens.append(length)
+
+    @torch.inference_mode()
+    def remove(self, key: Hashable) -> None:
+        """Cut a sequence out of every layer; the cache shrinks to the longest row left."""
+        b = self.row(key)
+        self.keys.pop(b)
+        self.lens.pop(b)
+        if not self.keys:
+            self.cache = None
+            return
+        keep = torch.tensor([i for i in range(len(self.keys) + 1) if i != b], device=self.device)
+        width = max(self.lens)
+        for layer in self.cache.layers:
+            t = _tensors(layer)
+            if t is None:
+                continue
+            index = keep.to(t[0].device)
+            _assign(
+                layer,
+                t[0].index_select(0, index)[:, :, :width].contiguous(),
+                t[1].index_select(0, index)[:, :, :width].contiguous(),
+            )
+
+    # ------------------------------------------------------------------ forwards
+    def feed(
+        self,
+        run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        feeds: list[RowFeed | None],
+    ) -> tuple[torch.Tensor, int]:
+        """One forward of every row's feed (None: the row feeds nothing, a padded row). `run(ids
+        [B, N], positions [B, N], allowed [B, N, W + N] bool, key_positions [B, W + N])` runs the
+        model over the cache and returns its output `[B, N, ...]`. Returns that output and W, the
+        column where the new tokens start."""
+        width = self.width
+        n = max((len(f.tokens) for f in feeds if f is not None), default=0)
+        batch = len(self.keys)
+        ids = torch.zeros(batch, n, dtype=torch.long)
+        pos = torch.zeros(batch, n, dtype=torch.long)
+        allowed = torch.zeros(batch, n, width + n, dtype=torch.bool)
+        # a padded query attends to itself only
+        allowed[:, :, width:] = torch.eye(n, dtype=torch.bool)
+        for b, feed in enumerate(feeds):
+            if feed is None:
+                continue
+            k = len(feed.tokens)
+            ids[b, :k] = torch.tensor(feed.tokens, dtype=torch.long)
+            pos[b, :k] = torch.tensor(feed.positions, dtype=torch.long)
+            allowed[b, :k, :width] = feed.old
+            allowed[b, :k, width : width + k] = feed.new
+        keys = torch.cat([torch.arange(width).expand(batch, width), pos], dim=1)
+        dev = self.device
+        out = run(ids.to(dev), pos.to(dev), allowed.to(dev), keys.to(dev))
+        return out, width
+
+    def old_columns(self, key: Hashable, k: int) -> torch.Tensor:
+        """`[k, W]`: a row's valid prefix, for `RowFeed.old`."""
+        return (torch.arange(self.width) < self.length(key)).expand(k, self.width)
+
+    @torch.inference_mode()
+    def settle(self, kept: dict[Hashable, list[int]]) -> None:
+        """Each row keeps `kept[key]` (ascending columns, each at or past the row's valid length;
+        a missing key keeps nothing) just after its valid prefix; the cache is cropped to the
+        longest row."""
+        rows, src, dst = [], [], []
+        for b, key in enumerate(self.keys):
+            cols = kept.get(key, [])
+            for i, col in enumerate(cols):
+                if col != self.lens[b] + i:
+                    rows.append(b)
+                    src.append(col)
+                    dst.append(self.lens[b] + i)
+            self.lens[b] += len(cols)
+        if self.cache is None:
+            return
+        if rows:
+            for layer in self.cache.layers:
+                t = _tensors(layer)
+                if t is None:
+                    continue
+                dev = t[0].device
+                r, s, d = (torch.tensor(x, device=dev) for x in (rows, src, dst))
+                for states in t:
+                    states[r, :, d] = states[r, :, s]
+        drop = self.width - max(self.lens, default=0)
+        if drop > 0:
+            self.cache.crop(-drop)
