@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -37,6 +37,20 @@ bench() {
     [[ -f $RUNS/$name/$f ]] && cp "$RUNS/$name/$f" "$RES/$name/"
   done
   sed -i "s#$RUNS/$name/results.jsonl#$name (per-step records not kept)#" "$RES/$name/report.md"
+}
+
+# bench_batch NAME ARGS...: one `arborspec bench-batch` run into runs/, then its report, summary and plot
+# into benchmarks/results/NAME/ (the per-run records with every request's tokens stay in runs/).
+bench_batch() {
+  local name=$1
+  shift
+  [[ ${RESUME:-0} == 1 ]] || rm -rf "$RUNS/$name"
+  $A bench-batch --out "$RUNS/$name" $(resume) "$@"
+  rm -rf "${RES:?}/$name" && mkdir -p "$RES/$name"
+  for f in report.md summary.json concurrency.png; do
+    [[ -f $RUNS/$name/$f ]] && cp "$RUNS/$name/$f" "$RES/$name/"
+  done
+  sed -i "s#$RUNS/$name/results.jsonl#$name (per-run records not kept)#" "$RES/$name/report.md"
 }
 
 # generate_default NAME PROMPTS...: `arborspec generate PROMPT --compare-ar` with no other option, each
@@ -136,4 +150,11 @@ if run 12; then
   bench gemma3-long-head $G --draft gemma3-270m-head --prompts mt-bench --num-prompts 2 \
     --max-new-tokens 640
 fi
+# 13. Batched decoding with concurrent clients: the int8 target, 16 MT-Bench questions (2 per category) x
+#     128 tokens, T = 0, 1-16 clients in a closed loop (all at once, and starting one plain step apart):
+#     plain batched decoding, DySpec 1-3 + lookup per request and one node budget over the batch, against
+#     plain decoding one request after another.
+run 13 && say 13 "concurrency, batched decoding" && bench_batch batch-mtbench-int8 --threads 2 --dtype int8 \
+  --prompts mt-bench --num-prompts 16 --max-new-tokens 128 --temperatures 0 --concurrency 1,2,4,8,16 \
+  --arrival burst,staggered --sequential -m dyspec:budget=1,2,3:lookup=6 -m shared:max_nodes=8:lookup=6
 exit 0

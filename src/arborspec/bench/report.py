@@ -106,6 +106,11 @@ def load_runs(paths: list[str | Path]) -> tuple[list[dict], list[dict], list[str
     headers, runs, notes = [], [], []
     for i, path in enumerate(paths):
         header, file_runs, file_notes = read_results(path)
+        if header.get("benchmark") == "concurrency":  # bench/concurrency.py
+            raise ArborError(
+                f"{path} holds `arborspec bench-batch` results: `arborspec report` renders it "
+                "alone (bench/concurrency.write_concurrency_report)"
+            )
         headers.append(header)
         notes += file_notes
         runs += [{**r, "_file": i} for r in file_runs]

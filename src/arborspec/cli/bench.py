@@ -1,4 +1,5 @@
-"""`arborspec bench` and `arborspec report`: the benchmark against plain decoding and its report."""
+"""`arborspec bench`, `arborspec bench-batch` and `arborspec report`: the benchmark against plain
+decoding, the concurrency benchmark against plain batched decoding, and their reports."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import ArborError
 from .base import app, err, friendly
 from .options import ModelOptions, SamplingOptions, grouped
 
@@ -103,16 +105,130 @@ def bench(
     err.print(f"results: {run_bench(cfg)}", highlight=False)
 
 
+@app.command("bench-batch")
+@friendly
+@grouped("sampling", SamplingOptions, only=("top_k", "top_p", "draft_temperature"))
+@grouped(
+    "models",
+    ModelOptions,
+    only=("target", "draft", "device", "dtype", "draft_logits", "compile"),
+)
+def bench_batch(
+    method: Optional[list[str]] = typer.Option(
+        None,
+        "--method",
+        "-m",
+        help="method sweep spec, repeatable: a builder as `bench` takes it "
+        "(dyspec:budget=1,2,3:lookup=6), or shared:max_nodes=8[:max_depth=D][:budget=B|auto]"
+        ":lookup=6 for one node budget over the whole batch (default: this device's generate "
+        "defaults); plain batched decoding always runs as the baseline",
+    ),
+    concurrency: str = typer.Option(
+        "1,2,4,8,16", "--concurrency", help="comma list of client counts"
+    ),
+    arrival: str = typer.Option(
+        "burst,staggered",
+        "--arrival",
+        help="burst: every client starts at once; staggered: client i starts i plain steps "
+        "later; each client sends its next prompt as soon as its previous request ends",
+    ),
+    temperatures: str = typer.Option("0", "--temperatures", help="comma list, e.g. 0,0.6"),
+    prompts: str = typer.Option(
+        "mt-bench",
+        "--prompts",
+        help="mt-bench (the stratified selection `bench` uses), humaneval, a JSONL/text file, or "
+        "hf:NAME[:CONFIG][@SPLIT]; first turns",
+    ),
+    num_prompts: Optional[int] = typer.Option(
+        16, "--num-prompts", help="first N prompts of the set: the requests of every run"
+    ),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    repeats: int = typer.Option(1, "--repeats"),
+    warmup: int = typer.Option(1, "--warmup", help="untimed warm-up runs per method"),
+    sequential: bool = typer.Option(
+        False,
+        "--sequential",
+        help="also time plain decoding one request after another (concurrency 1, burst)",
+    ),
+    out_dir: Path = typer.Option(
+        Path("runs/bench-batch"),
+        "--out",
+        "-o",
+        help="results folder (results.jsonl, report.md, concurrency.png, summary.json)",
+    ),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in --out"),
+    no_chat: bool = typer.Option(False, "--no-chat"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    models: ModelOptions = ModelOptions(),
+    sampling: SamplingOptions = SamplingOptions(),
+) -> None:
+    """Benchmark batched decoding with concurrent clients: every method against plain batched
+    decoding (same process, same requests, interleaved); writes JSONL results, a table and a
+    plot."""
+    from ..bench.concurrency import (
+        ConcurrencyConfig,
+        parse_arrivals,
+        parse_concurrency,
+        run_concurrency,
+    )
+    from ..bench.run import parse_number_list
+    from ..defaults import choose
+    from ..models import EMBEDDED_TARGET
+
+    levels = parse_concurrency(concurrency)
+    arrivals = parse_arrivals(arrival)
+    if not method:  # the device's defaults, as `arborspec generate` runs them
+        d = choose(models.device, models.target == EMBEDDED_TARGET)
+        method = [f"{d.method}:budget={d.budget}:lookup={d.lookup}"]
+    cfg = ConcurrencyConfig(
+        target=models.target,
+        draft=models.draft,
+        draft_logits=models.draft_logits,
+        methods=list(method),
+        temperatures=parse_number_list(temperatures, float, "--temperatures"),
+        prompts=prompts,
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        concurrency=levels,
+        arrivals=arrivals,
+        repeats=repeats,
+        warmup=warmup,
+        sequential=sequential,
+        device=models.device,
+        dtype=models.resolved_dtype,
+        out_dir=out_dir,
+        resume=resume,
+        chat=not no_chat,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        draft_temperature=sampling.draft_temperature,
+        threads=threads,
+        compile=models.compile,
+    )
+    err.print(f"results: {run_concurrency(cfg)}", highlight=False)
+
+
 @app.command()
 @friendly
 def report(
     results: list[Path] = typer.Argument(
-        ..., help="results.jsonl files written by `arborspec bench`"
+        ...,
+        help="results.jsonl files written by `arborspec bench`, or one written by "
+        "`arborspec bench-batch`",
     ),
     out_dir: Path = typer.Option(Path("runs/report"), "--out", "-o"),
 ) -> None:
     """Re-render tables and plots from saved results, without running any model."""
+    from ..bench.concurrency import is_concurrency_results, write_concurrency_report
     from ..bench.report import write_report
 
-    path = write_report(list(results), out_dir)
+    batch = [p for p in results if is_concurrency_results(p)]
+    if batch and len(results) > 1:
+        raise ArborError(
+            f"{batch[0]} holds `arborspec bench-batch` results: render it alone, one file at a time"
+        )
+    if batch:
+        path = write_concurrency_report(batch[0], out_dir)
+    else:
+        path = write_report(list(results), out_dir)
     err.print(f"report: {path}", highlight=False)
