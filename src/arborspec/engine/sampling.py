@@ -153,8 +153,9 @@ def sample_without_replacement(
     k = min(k, support.numel())
     if k == 0:
         return []
-    noise = gumbel if gumbel.numel() == support.numel() else gumbel[support]
-    keys = torch.log(probs[support]) + noise
+    # the noise is drawn on the CPU (keyed generators, DraftContext.gumbel); the draft on any device
+    noise = gumbel if gumbel.numel() == support.numel() else gumbel[support.to(gumbel.device)]
+    keys = torch.log(probs[support]) + noise.to(probs.device)
     return support[torch.topk(keys, k).indices].tolist()
 
 

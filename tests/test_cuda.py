@@ -1,0 +1,500 @@
+"""The engine on a CUDA GPU: what the CPU suite checks, run where kernels, precisions and devices differ.
+
+* greedy speculative output = plain decoding for every registered builder on a tiny pair in float32,
+  float16 and bfloat16 (a tree forward and a one-row forward are different GPU kernels), with a draft
+  model, the n-gram drafter and a draft head, at the GPU's default size with lookup, and with
+  `budget=auto` on a cost curve measured on the device; plain decoding = HF `generate` there;
+* tree logits (eager and on demand) = plain forwards along each node's path, within a tolerance for
+  the dtype that still tells sibling paths apart; compaction = a fresh prefill, also after whole
+  generations (both caches checked after every step);
+* `model.generate(custom_generate=arborspec.generate)` = `model.generate`, greedy, on the device;
+* the real embedded pair (SmolLM2-135M-Instruct and its shipped draft head) with the device's
+  defaults, float32 and float16: greedy output = plain decoding = HF `generate` on MT-Bench-like
+  prompts.
+
+Greedy identity in float16 and bfloat16 allows one thing a float32 run does not: two outputs may
+part at a rounding tie, a token whose two candidates' logits lie within the dtype's tolerance (a
+tree forward and a one-row forward round differently; an exact float16 tie is decided either way).
+Such a tie is reported as a warning with its logits, and each test bounds how many of its
+generations may end at one (`same_tokens`); any other difference fails with both tokens' logits.
+
+Every test runs on `ARBORSPEC_TEST_DEVICE` (default "cuda") and is skipped when that device is
+missing; `ARBORSPEC_TEST_DEVICE=cpu` runs the same checks on a CPU (`benchmarks/tools/gpu_run.sh`
+runs this file on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import pytest
+import torch
+
+import arborspec
+from arborspec.builders.registry import builder_class, builder_names, make_builder, parameter_names
+from arborspec.drafters import HeadDrafter, ModelDrafter, NgramDrafter, load_head
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.invariants import CacheCheck
+from arborspec.engine.tree import TokenTree
+
+from conftest import EOS, GREEDY_PROMPTS, perturbed_copy, tiny_llama
+
+DEVICE = os.environ.get("ARBORSPEC_TEST_DEVICE", "cuda")
+
+
+def _missing(device: str) -> str | None:
+    """Why `device` cannot run the tests here (None: it can)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        return f"ARBORSPEC_TEST_DEVICE={device!r} is not a torch device"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "no CUDA GPU visible (set ARBORSPEC_TEST_DEVICE=cpu to run these checks on the CPU)"
+    if kind not in ("cpu", "cuda"):
+        return f"ARBORSPEC_TEST_DEVICE={device!r}: only cpu and cuda are supported"
+    return None
+
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_missing(DEVICE) is not None,
+                                                   reason=_missing(DEVICE) or "")]
+
+BUILDERS = builder_names()
+AUTO_BUILDERS = [name for name in BUILDERS if "auto" in parameter_names(builder_class(name))]
+DTYPES = ("float32", "float16", "bfloat16")
+# Random pairs are rarely confident enough for C2T's default threshold, nor have a classifier trained for
+# them: its joint-probability rule with a low threshold (any C2T variant; as in test_greedy_identity).
+EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}, "c2t-chain": {"classifier": "none", "beta": 0.02}}
+
+
+def extra(name: str) -> dict:
+    """Builder parameters a builder needs on the tiny pair."""
+    return EXTRA.get(name, {"classifier": "none", "beta": 0.05} if name.startswith("c2t") else {})
+# (budget, lookup) per run: a single node, a small tree, the GPU default size (defaults.py) with lookup
+RUNS = ((1, 0), (8, 0), (32, 6))
+NEW = 24
+# |tree row - plain row| allowed, times max(1, the row's largest |logit|): float32 leaves summation
+# order; float16 and bfloat16 round every activation (8 and 11 mantissa bits: a few units in the
+# last place after two layers). Sibling paths differ by far more (checked below).
+TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+
+
+def dev() -> torch.device:
+    return torch.device(DEVICE)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_target(dtype: str):
+    """`tiny_pair`'s target (conftest) on the device in `dtype`."""
+    return tiny_llama(0).to(dev(), getattr(torch, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_draft(dtype: str):
+    """A perturbed copy of the target that often agrees with it, on the device in `dtype`."""
+    return perturbed_copy(tiny_llama(0), 1, 0.3).to(dev(), getattr(torch, dtype))
+
+
+def row_logits(model, ids: list[int]) -> torch.Tensor:
+    """The model's own next-token logits after `ids` (one plain forward), float32 on the CPU."""
+    with torch.no_grad():
+        return model(torch.tensor([ids], device=dev())).logits[0, -1].float().cpu()
+
+
+def same_tokens(model, prompt: list[int], got: list[int], want: list[int], what="") -> bool:
+    """Assert that `got` = `want`, two greedy continuations of `prompt` by `model`; False when they are
+    identical. One exception, in float16 and bfloat16 only: they may part at a rounding tie, a token
+    where the plain forward's logits of the two tokens lie within the dtype's tolerance (`TOL`; a
+    tree forward and a one-row forward are different kernels and round differently, which decides an
+    exact or near tie either way). Then it warns, saying where, and returns True; the tests bound how
+    many generations may end at a tie, so an identity is still checked. Anything else fails, with
+    both tokens' logits."""
+    if list(got) == list(want):
+        return False
+    i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if i >= min(len(got), len(want)):
+        raise AssertionError(f"{what}: lengths differ ({len(got)} vs {len(want)}) after {i} equal tokens")
+    row = row_logits(model, list(prompt) + list(want[:i]))
+    top = torch.topk(row, 2)
+    gap = float(row[want[i]] - row[got[i]])
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    where = (f"token {i}: {got[i]} (logit {row[got[i]]:.5f}) instead of {want[i]} (logit "
+             f"{row[want[i]]:.5f}); top-2 gap of the plain row {float(top.values[0] - top.values[1]):.5f}")
+    if dtype != "float32" and abs(gap) <= tolerance(dtype, row):
+        warnings.warn(f"{what}: left the reference at a {dtype} rounding tie, {where}", stacklevel=2)
+        return True
+    raise AssertionError(f"{what}: {where}")
+
+
+_PLAIN: dict = {}
+
+
+def plain(model, prompt, new: int = NEW, eos=EOS) -> list[int]:
+    """Plain greedy decoding through the adapter on the device (once per model, prompt, length)."""
+    key = (id(model), tuple(prompt), new, tuple(eos))
+    if key not in _PLAIN:
+        cfg = DecodeConfig(max_new_tokens=new, eos_token_ids=tuple(eos))
+        _PLAIN[key] = autoregressive_generate(ModelAdapter(model), list(prompt), cfg).output_ids
+    return list(_PLAIN[key])
+
+
+def hf_greedy(model, prompt, new: int, eos=EOS, pad: int = 0) -> list[int]:
+    ids = torch.tensor([list(prompt)], device=dev())
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                             eos_token_id=list(eos), pad_token_id=pad)
+    assert out.device.type == dev().type
+    return out[0, len(prompt):].tolist()
+
+
+def assert_identical(model, drafter, builder, prompts=GREEDY_PROMPTS, new: int = NEW, *, eos=EOS,
+                     cost=None, lookup: int = 0) -> list:
+    """Greedy speculative output = plain decoding prompt by prompt, both caches checked after every
+    step, every committed token accounted to a step (`same_tokens`: in half precision a generation may
+    end at a rounding tie). Returns the decoder, the results and the number of ties."""
+    dec = SpeculativeDecoder(ModelAdapter(model), drafter, builder, cost=cost, lookup=lookup)
+    cfg = DecodeConfig(max_new_tokens=new, eos_token_ids=tuple(eos))
+    results, ties = [], 0
+    for prompt in prompts:
+        check = CacheCheck(dec, len(prompt))
+        spec = dec.generate(list(prompt), cfg, check)
+        want = plain(model, prompt, new, eos)
+        ties += same_tokens(model, prompt, spec.output_ids, want, f"{builder.name} budget {builder.budget} "
+                            f"lookup {lookup} on {prompt}")
+        assert sum(s.accepted_length for s in spec.steps) == len(spec.output_ids)
+        assert check.steps == len(spec.steps)
+        results.append(spec)
+    return dec, results, ties
+
+
+# --------------------------------------------------------------------------- (a) greedy identity
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_decoding_is_hf_generate(dtype):
+    """The reference the identity tests compare with: the adapter's plain decoding = HF `generate` of
+    the same model on the device."""
+    model = tiny_target(dtype)
+    assert next(model.parameters()).device.type == dev().type
+    ties = sum(same_tokens(model, prompt, plain(model, prompt), hf_greedy(model, prompt, NEW), f"{dtype} {prompt}")
+               for prompt in GREEDY_PROMPTS)
+    assert ties <= 1, f"{ties} of {len(GREEDY_PROMPTS)} prompts end at a rounding tie"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_greedy_identity_with_a_draft_model(name, dtype):
+    model, params = tiny_target(dtype), extra(name)
+    steps, ties = [], 0
+    for budget, lookup in RUNS:
+        _, results, tied = assert_identical(model, ModelDrafter(tiny_draft(dtype)),
+                                            make_builder(name, budget=budget, **params), lookup=lookup)
+        steps, ties = steps + [s for r in results for s in r.steps], ties + tied
+    # a prompt whose plain row holds an exact half-precision tie parts there in every run
+    assert ties < len(RUNS) * len(GREEDY_PROMPTS), f"every generation ends at a rounding tie ({ties})"
+    assert any(s.tree_size > 0 for s in steps)  # trees were verified, not only plain steps
+    assert max(s.accepted_length for s in steps) > 1, "no draft token accepted"  # the draft often agrees
+    assert sum(s.lookup_nodes for s in steps) > 0  # the repeating prompt gave lookup something to graft
+
+
+@pytest.fixture(scope="module")
+def head_for(trained_head, tmp_path_factory):
+    """`make(dtype)`: the draft head trained on the tiny target (conftest), exported for the target's
+    copy on the device in `dtype` and loaded beside it (float layers and logits: int8 is CPU-only)."""
+    heads = {}
+
+    def make(dtype: str):
+        if dtype not in heads:
+            target = tiny_target(dtype)
+            path = tmp_path_factory.mktemp(f"head-{dtype}")
+            trained_head[0].save(path, "tiny", target)
+            head = load_head(path, target, dtype=getattr(torch, dtype))
+            assert {p.device.type for p in head.parameters()} == {dev().type}
+            heads[dtype] = head
+        return HeadDrafter(heads[dtype])
+
+    # prompts of the head's training text, whose continuations it has learnt (its drafts are accepted)
+    make.prompts = [seq.tokens[: seq.prompt_len].tolist() for seq in trained_head[3][:2]]
+    return make
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("drafter", ["ngram", "head"])
+@pytest.mark.parametrize("name", ["dyspec", "chain"])
+def test_greedy_identity_with_ngram_and_head(head_for, name, drafter, dtype):
+    model = tiny_target(dtype)
+    steps, ties = [], 0
+    for budget, lookup in RUNS:
+        if drafter == "ngram":
+            drafts, prompts = NgramDrafter(model.config.vocab_size), GREEDY_PROMPTS
+        else:
+            drafts, prompts = head_for(dtype), GREEDY_PROMPTS + tuple(head_for.prompts)
+        _, results, tied = assert_identical(model, drafts, make_builder(name, budget=budget), prompts,
+                                            lookup=lookup)
+        steps, ties = steps + [s for r in results for s in r.steps], ties + tied
+    assert ties < len(RUNS) * len(prompts), f"every generation ends at a rounding tie ({ties})"
+    assert any(s.tree_size > 0 for s in steps)
+    if drafter == "head":  # on prompts of its training text the head's drafts are accepted
+        assert max(s.accepted_length for s in steps) > 1, "no draft token accepted"
+
+
+@pytest.mark.parametrize("name", AUTO_BUILDERS)
+def test_auto_budget_on_a_cost_curve_measured_on_the_device(name):
+    """`budget=auto` with no curve given: the curve is timed on the device (CUDA synchronised
+    timing), and the auto-sized trees keep the output."""
+    model = tiny_target("float32")
+    builder = make_builder(name, budget="auto")
+    dec, results, _ = assert_identical(model, ModelDrafter(tiny_draft("float32")), builder, lookup=6)
+    curve = dec.cost  # measured on the device by the first generation
+    assert curve is not None and curve.one_token_s > 0 and curve.relative[0] == 1.0
+    assert all(r > 0 for r in curve.relative)
+    assert all(s.tree_size <= builder.budget + 6 for r in results for s in r.steps)
+
+
+# --------------------------------------------------------------------------- (b) tree logits, compaction
+def small_tree(root: int) -> tuple[TokenTree, list[int]]:
+    """root -> {11 -> {13 -> 41, 14}, 12 -> 40, 15}: siblings at every depth. Returns the tree and the
+    nodes at depth 1 and 2."""
+    tree = TokenTree.from_root(root)
+    a, b, e = tree.add(0, 11), tree.add(0, 12), tree.add(0, 15)
+    c, d = tree.add(a, 13), tree.add(a, 14)
+    f = tree.add(b, 40)
+    tree.add(c, 41)
+    return tree, [a, b, e, c, d, f]
+
+
+def tolerance(dtype: str, ref: torch.Tensor) -> float:
+    return TOL[dtype] * max(1.0, float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_logits_equal_plain_forwards(dtype):
+    model = tiny_target(dtype)
+    prefix = [3, 14, 15, 9, 26, 5, 35, 8]
+    tree, siblings = small_tree(prefix[-1])
+    refs = [row_logits(model, prefix + tree.path_tokens(n)) for n in range(tree.num_nodes)]
+    for lazy in (False, True):
+        lm = ModelAdapter(model)
+        lm.prefill(torch.tensor(prefix[:-1]))
+        logits = lm.tree_forward(tree, lazy=lazy)
+        for node in range(tree.num_nodes):
+            row = logits[node].float().cpu()
+            err = float((row - refs[node]).abs().max())
+            assert err <= tolerance(dtype, refs[node]), (dtype, lazy, node, err)
+    # the tolerance tells paths apart: a node's row against its siblings' and cousins' plain rows
+    for i, u in enumerate(siblings):
+        for v in siblings[i + 1:]:
+            if tree.depths[u] == tree.depths[v]:
+                gap = float((refs[u] - refs[v]).abs().max())
+                assert gap > 10 * tolerance(dtype, refs[u]), (dtype, u, v, gap)
+
+
+def cache_rows(cache, rows: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys[:, :, :rows].float().cpu(), layer.values[:, :, :rows].float().cpu())
+            for layer in cache.layers]
+
+
+def assert_caches_close(c1, c2, dtype: str, rows: int | None = None) -> None:
+    """Equal lengths (or c1 holds at least `rows`) and keys/values within the dtype's tolerance."""
+    if rows is None:
+        assert c1.get_seq_length() == c2.get_seq_length()
+    rows = rows or c2.get_seq_length()
+    assert c1.get_seq_length() >= rows and c2.get_seq_length() == rows
+    for (k1, v1), (k2, v2) in zip(cache_rows(c1, rows), cache_rows(c2)):
+        assert float((k1 - k2).abs().max()) <= tolerance(dtype, k2)
+        assert float((v1 - v2).abs().max()) <= tolerance(dtype, v2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compaction_equals_a_fresh_prefill(dtype):
+    """Prefill 1 2 3 4, verify the tree 5 -> {6 -> 8 -> 9, 7}, keep the root and nodes 6, 8: the cache
+    equals a fresh prefill of 1 2 3 4 5 6 8 and not one of 1 2 3 4 5 7 8 (the dropped sibling)."""
+    model = tiny_target(dtype)
+    lm = ModelAdapter(model)
+    lm.prefill(torch.tensor([1, 2, 3, 4]))
+    tree = TokenTree.from_root(5)
+    a = tree.add(0, 6)
+    tree.add(0, 7)
+    c = tree.add(a, 8)
+    tree.add(c, 9)
+    lm.tree_forward(tree)
+    lm.compact(4 + 1, [4 + a, 4 + c])
+    assert {layer.keys.device.type for layer in lm.cache.layers} == {dev().type}
+
+    def fresh(ids):
+        out = ModelAdapter(model)
+        out.prefill(torch.tensor(ids))
+        return out.cache
+
+    assert_caches_close(lm.cache, fresh([1, 2, 3, 4, 5, 6, 8]), dtype)
+    with pytest.raises(AssertionError):
+        assert_caches_close(lm.cache, fresh([1, 2, 3, 4, 5, 7, 8]), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_caches_equal_a_fresh_prefill_after_generations(dtype):
+    """After whole speculative generations (greedy and sampled, with lookup), target and draft caches =
+    a fresh prefill of the committed tokens; some steps kept several nodes (compaction moved rows)."""
+    from arborspec.engine.sampling import SamplingConfig
+
+    model, draft = tiny_target(dtype), tiny_draft(dtype)
+    kept = []
+    for name, params in [("sequoia", dict(shape=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])),
+                         ("dyspec", dict(budget=16))]:
+        for prompt, temperature in [(GREEDY_PROMPTS[0], 1.0), (GREEDY_PROMPTS[1], 0.0), (GREEDY_PROMPTS[1], 1.0)]:
+            dec = SpeculativeDecoder(ModelAdapter(model), ModelDrafter(draft), make_builder(name, **params),
+                                     lookup=6)
+            res = dec.generate(list(prompt), DecodeConfig(max_new_tokens=30, seed=3,
+                                                          sampling=SamplingConfig(temperature)))
+            assert len(res.steps) > 3
+            kept += [s.accepted_length - 1 for s in res.steps]
+            committed = list(prompt) + res.output_ids
+            fresh_t = ModelAdapter(model)
+            fresh_t.prefill(torch.tensor(committed[:-1]))
+            assert_caches_close(dec.target.cache, fresh_t.cache, dtype, rows=len(committed) - 1)
+            n = dec.drafter.lm.cache_len
+            assert n >= len(prompt)
+            fresh_d = ModelAdapter(draft)
+            fresh_d.prefill(torch.tensor(committed[:n]))
+            assert_caches_close(dec.drafter.lm.cache, fresh_d.cache, dtype)
+    assert max(kept) >= 2, kept
+
+
+# --------------------------------------------------------------------------- (c) custom_generate
+CG_PROMPT = [5, 17, 33, 42, 9, 40, 17, 33]
+PROCESSORS = {"plain": {}, "penalties": {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}}
+
+
+def hf_ids(model, **kw) -> torch.Tensor:
+    ids = torch.tensor([CG_PROMPT], device=dev())
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
+                              max_new_tokens=32, **kw)
+
+
+@pytest.mark.parametrize("processors", PROCESSORS)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_custom_generate_equals_generate(name, processors):
+    model = tiny_target("float32")
+    kw = PROCESSORS[processors]
+    want = hf_ids(model, **kw)
+    for draft in (tiny_draft("float32"), "ngram"):
+        out = hf_ids(model, custom_generate=arborspec.generate, method=name, draft=draft, budget=8,
+                     builder_params=extra(name) or None, **kw)
+        assert out.device == want.device and torch.equal(out[0, :len(CG_PROMPT)], want[0, :len(CG_PROMPT)])
+        # float32: no tie allowed
+        same_tokens(model, CG_PROMPT, out[0, len(CG_PROMPT):].tolist(), want[0, len(CG_PROMPT):].tolist(),
+                    f"{name} {processors} {'ngram' if draft == 'ngram' else 'model'}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_custom_generate_in_half_precision(dtype):
+    model = tiny_target(dtype)
+    want = hf_ids(model)
+    ties = 0
+    for method in ("dyspec", "chain"):
+        out = hf_ids(model, custom_generate=arborspec.generate, method=method, draft=tiny_draft(dtype))
+        assert out.device == want.device
+        ties += same_tokens(model, CG_PROMPT, out[0, len(CG_PROMPT):].tolist(), want[0, len(CG_PROMPT):].tolist(),
+                            f"{dtype} {method}")
+    assert ties <= 1, "both methods end at a rounding tie"
+
+
+# --------------------------------------------------------------------------- (d) the embedded pair
+# MT-Bench-like first turns: writing, coding, reasoning
+EMBEDDED_PROMPTS = [
+    "Draft a professional email seeking your supervisor's feedback on the quarterly financial report "
+    "you prepared. Keep it short and to the point.",
+    "Write a Python function that finds the common elements of two lists without using any extra "
+    "data structures, and explain how it works.",
+]
+# 64 new tokens on a GPU; 24 on a CPU, where float16 matrix products are slow
+EMBEDDED_NEW = 64 if DEVICE.startswith("cuda") else 24
+_EMBEDDED_PLAIN: dict = {}
+
+
+def embedded_plain(dtype: str, gen, text: str):
+    """Plain decoding of `text` by the embedded target (once per precision and prompt)."""
+    if (dtype, text) not in _EMBEDDED_PLAIN:
+        _EMBEDDED_PLAIN[dtype, text] = gen.generate_autoregressive(text, max_new_tokens=EMBEDDED_NEW)
+    return _EMBEDDED_PLAIN[dtype, text]
+
+
+def _embedded_missing() -> str | None:
+    """Why the embedded model cannot be loaded here (None: it can: converted, or its GGUF to convert)."""
+    from arborspec.common.gguf import is_converted
+    from arborspec.errors import ArborError
+    from arborspec.models import BUILTIN_DIRS, EMBEDDED_TARGET, cache_root, embedded_gguf_path
+
+    folder = cache_root() / BUILTIN_DIRS[EMBEDDED_TARGET]
+    if is_converted(folder):
+        return None
+    try:
+        embedded_gguf_path()
+    except ArborError as exc:
+        return (f"the embedded model is not available: no converted directory {folder} "
+                f"($ARBORSPEC_CACHE) and no GGUF to convert ({exc})")
+    return None
+
+
+@pytest.fixture(scope="module", params=["float32", "float16"])
+def embedded(request):
+    """The embedded pair with the device's defaults (method, tree size, lookup, its shipped draft head)
+    in the precision asked for."""
+    why = _embedded_missing()
+    if why:
+        pytest.skip(why)
+    from arborspec import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(device=DEVICE, dtype=request.param)
+    yield request.param, gen
+    del gen
+    if dev().type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.slow  # the embedded model
+def test_embedded_pair_runs_the_device_defaults(embedded):
+    from arborspec.defaults import choose
+
+    dtype, gen = embedded
+    want = choose(DEVICE, True)
+    assert (gen.settings.method, gen.settings.budget, gen.settings.lookup) == (want.method, want.budget,
+                                                                               want.lookup)
+    assert gen.pair.draft_name == "embedded-head" and gen.pair.precision == dtype
+    assert gen.pair.target.device.type == dev().type
+    assert {p.device.type for p in gen.pair.drafter.head.parameters()} == {dev().type}
+
+
+@pytest.mark.slow  # the embedded model
+def test_embedded_greedy_equals_plain_decoding(embedded):
+    dtype, gen = embedded
+    accepted, ties = [], 0
+    for text in EMBEDDED_PROMPTS:
+        spec = gen.generate(text, max_new_tokens=EMBEDDED_NEW)
+        base = embedded_plain(dtype, gen, text)
+        assert len(base.output_ids) > 16, (dtype, text, base.text)
+        tied = same_tokens(gen.pair.target.model, list(spec.prompt_ids), spec.output_ids, base.output_ids,
+                           f"{dtype} {text[:40]!r}")
+        assert tied or spec.text == base.text
+        ties += tied
+        assert sum(s.accepted_length for s in spec.steps) == len(spec.output_ids)
+        accepted.append(spec.mean_accepted_length)
+    assert ties < len(EMBEDDED_PROMPTS), f"every prompt ends at a {dtype} rounding tie"
+    assert max(accepted) > 1.5, (dtype, accepted)  # the shipped head's drafts are accepted
+
+
+@pytest.mark.slow  # the embedded model
+def test_embedded_plain_decoding_is_hf_generate(embedded):
+    from arborspec.api import encode_prompt, eos_ids
+
+    dtype, gen = embedded
+    model, tok = gen.pair.target.model, gen.tokenizer
+    eos = eos_ids(tok, model)
+    ties = 0
+    for text in EMBEDDED_PROMPTS:
+        ids = encode_prompt(tok, text)
+        got = embedded_plain(dtype, gen, text).output_ids
+        want = hf_greedy(model, ids, EMBEDDED_NEW, eos=eos, pad=tok.eos_token_id)
+        ties += same_tokens(model, ids, got, want, f"{dtype} {text[:40]!r}")
+    assert ties < len(EMBEDDED_PROMPTS), f"every prompt ends at a {dtype} rounding tie"
