@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -157,4 +157,15 @@ fi
 run 13 && say 13 "concurrency, batched decoding" && bench_batch batch-mtbench-int8 --threads 2 --dtype int8 \
   --prompts mt-bench --num-prompts 16 --max-new-tokens 128 --temperatures 0 --concurrency 1,2,4,8,16 \
   --arrival burst,staggered --sequential -m dyspec:budget=1,2,3:lookup=6 -m shared:max_nodes=8:lookup=6
+# 14. What the batch layout costs (holes, padded query rows, one forward vs one per request) and how
+#     often batched greedy decoding on the float32 target equals each request alone.
+if run 14; then
+  say 14 "batch layout and float32 agreement"
+  .venv/bin/python benchmarks/tools/batch_layout.py --out $RES/batch-layout.json --repeats 9
+  .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 --num-prompts 16 --concurrency 8 \
+    --out $RES/batch-agreement-float32.json
+fi
+# 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
+#     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).
+run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
 exit 0
