@@ -69,7 +69,7 @@ from ..errors import ArborError, Interrupted
 from ..models import ModelPair, default_draft, head_int8, load_pair
 from .prompts import conversation, load_prompts
 from .report import SCHEMA_VERSION, _figure, _no_data, _save, read_results
-from .run import MethodConfig, ResultsFile, _repair_tail, parse_method_spec
+from .run import MethodConfig, ResultsFile, open_results, parse_method_spec
 
 BENCHMARK = "concurrency"  # the header's `benchmark`: what `arborspec report` tells apart
 RESULTS_NAME = "results.jsonl"
@@ -599,27 +599,8 @@ def run_concurrency(cfg: ConcurrencyConfig, pair: ModelPair | None = None, quiet
 
 
 def _prepare_output(cfg: ConcurrencyConfig) -> tuple[Path, dict | None, dict[CellKey, dict]]:
-    """Create/check the output dir; with `resume`, read what is there (bench/run.prepare_output)."""
-    out = Path(cfg.out_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ArborError(
-            f"cannot write to output dir {str(out)!r} ({exc.strerror or exc}): choose another --out"
-        ) from None
-    path = out / RESULTS_NAME
-    if not path.exists() or path.stat().st_size == 0:
-        return path, None, {}
-    if not cfg.resume:
-        raise ArborError(
-            f"{path} already holds results: pass --resume to continue that run, or "
-            "choose another --out"
-        )
-    header, records, _ = read_results(path, allow_partial_tail=True, allow_empty=True)
-    _repair_tail(path)
+    """Create/check the output dir; with `resume`, read what is there (bench/run.open_results)."""
+    path, header, records = open_results(cfg.out_dir, cfg.resume)
     return path, header, {CellKey.of(r): r for r in records}
 
 

@@ -300,7 +300,14 @@ class ResultsFile:
 def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, dict]]:
     """Create/check the output dir; with `resume`, read what is there. Returns (path, old
     header, done runs)."""
-    out = Path(cfg.out_dir).expanduser()
+    path, header, records = open_results(cfg.out_dir, cfg.resume)
+    return path, header, {RunKey.of(r): r for r in records}
+
+
+def open_results(out_dir, resume: bool) -> tuple[Path, dict | None, list[dict]]:
+    """The results file in `out_dir` (created, checked writable); with `resume`, its header and
+    finished records (a half-written last line dropped), else an error if it holds results."""
+    out = Path(out_dir).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -312,15 +319,15 @@ def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, di
         ) from None
     path = out / RESULTS_NAME
     if not path.exists() or path.stat().st_size == 0:
-        return path, None, {}
-    if not cfg.resume:
+        return path, None, []
+    if not resume:
         raise ArborError(
             f"{path} already holds results: pass --resume to continue that run, or "
             "choose another --out"
         )
     header, records, _ = read_results(path, allow_partial_tail=True, allow_empty=True)
     _repair_tail(path)
-    return path, header, {RunKey.of(r): r for r in records}
+    return path, header, records
 
 
 def _repair_tail(path: Path) -> None:

@@ -33,7 +33,6 @@ matrix products round differently (docs/algorithms.md §10).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
