@@ -149,7 +149,6 @@ def test_leaving_and_cancelled_requests_release_their_rows(int8_pair, references
                                     builder("dyspec")))
     long = dec.submit(BatchRequest(list(PROMPTS[3]), GREEDY, builder("chain")))
     other = dec.submit(BatchRequest(list(PROMPTS[1]), GREEDY, None))
-    widths = []
     while not short.done:
         dec.step()
     assert short.result.stop_reason == "length" and len(short.result.output_ids) == 3
@@ -160,7 +159,6 @@ def test_leaving_and_cancelled_requests_release_their_rows(int8_pair, references
     assert long.result.stop_reason == "cancelled"
     assert long.result.output_ids == references[3][: len(long.result.output_ids)]
     assert len(dec.target) == 1 and dec.target.width == len(other.committed) - 1
-    widths.append(dec.target.width)
     dec.run()
     assert other.result.output_ids == references[1]
     assert dec.target.rows.cache is None and dec.drafts.drafters == {}

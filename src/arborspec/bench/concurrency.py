@@ -72,7 +72,6 @@ from .report import SCHEMA_VERSION, _figure, _no_data, _save, read_results
 from .run import MethodConfig, ResultsFile, open_results, parse_method_spec
 
 BENCHMARK = "concurrency"  # the header's `benchmark`: what `arborspec report` tells apart
-RESULTS_NAME = "results.jsonl"
 REPORT_NAME = "report.md"
 PLOT = "concurrency.png"
 SUMMARY = "summary.json"

@@ -187,11 +187,11 @@ class SharedBudget:
                 column[k] = (-neg, parent != LOOKUP and (k, parent) not in draws)
         return column
 
-    def worth_drafting(self, cost: BatchCost, requests: int, width: int, history) -> bool:
+    def worth_drafting(self, history) -> bool:
         """Whether this step drafts: where the batch's steps that drafted have committed more tokens
         per second than those that did not (`history`, a `DraftingHistory`, which also times each
         kind again now and then). A fixed `budget` always drafts."""
-        return self.budget is not None or history.worth(cost, requests, width)
+        return self.budget is not None or history.worth()
 
     def _forward(self, ctxs, trees, draws, heap, first: tuple) -> None:
         """One batched draft forward for `first` (request, node) and, with `prefetch`, the other

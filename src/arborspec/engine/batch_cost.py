@@ -140,7 +140,7 @@ class DraftingHistory:
         self.rate: dict[bool, float | None] = {True: None, False: None}  # tokens/s by kind
         self.run: tuple[bool, int] = (True, 0)  # the kind of the last steps, how many in a row
 
-    def worth(self, cost: BatchCost, requests: int, width: int) -> bool:
+    def worth(self) -> bool:
         for kind in (True, False):  # each kind timed at least once
             if self.rate[kind] is None:
                 return kind

@@ -362,8 +362,7 @@ class BatchDecoder:
         batch_cost = None
         if shared:
             batch_cost = self._batch_cost()
-            width = max([other_rows] + [1 + len(proposals.get(h.key, ())) for h in shared])
-            if not self.shared.worth_drafting(batch_cost, len(self.active), width, self.history):
+            if not self.shared.worth_drafting(self.history):
                 # drafting is not expected to pay: no draft forward this step (the drafter
                 # catches up at its next `begin`), lookup tokens only where they pay
                 for h in shared:

@@ -176,10 +176,11 @@ class DraftContext:
         self.vocab_size = root_logits.shape[-1]
 
     def probs(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:  # [K, V]
-        todo = self.missing(tree, nodes)
+        keys = [tuple(tree.path_tokens(n)) for n in nodes]
+        todo = list(dict.fromkeys(n for n, key in zip(nodes, keys) if key not in self._probs))
         if todo:
             self.store(tree, todo, self.drafter.expand(tree, todo))
-        return torch.stack([self._probs[tuple(tree.path_tokens(n))] for n in nodes])
+        return torch.stack([self._probs[key] for key in keys])
 
     def missing(self, tree: TokenTree, nodes: list[int]) -> list[int]:
         """The nodes among `nodes` whose draft probabilities are not known yet, once each."""
