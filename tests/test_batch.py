@@ -164,6 +164,48 @@ def test_leaving_and_cancelled_requests_release_their_rows(int8_pair, references
     assert dec.target.rows.cache is None and dec.drafts.drafters == {}
 
 
+class Broken:
+    """Wraps a builder; raises from `build` on the request's `at`-th step."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def build(self, ctx, root):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("injected builder failure")
+        return self.inner.build(ctx, root)
+
+
+def test_a_failing_request_ends_alone_and_the_batch_goes_on(int8_pair, references):
+    """A request whose builder, stopping check or callback raises ends with stop reason "error" and its rows
+    released; every other request's output is the one it gets alone."""
+    target, draft = int8_pair
+    dec = BatchDecoder(ModelAdapter(target), ModelDrafter(draft))
+
+    def stop_raises(ids):
+        raise ValueError("injected stop-check failure")
+
+    def callback_raises(tokens):
+        raise KeyError("injected callback failure")
+
+    good = [dec.submit(BatchRequest(list(PROMPTS[i]), GREEDY, builder("dyspec"), 2)) for i in (0, 3)]
+    plain = dec.submit(BatchRequest(list(PROMPTS[1]), GREEDY, None))
+    bad = [dec.submit(BatchRequest(list(PROMPTS[2]), GREEDY, Broken(builder("dyspec"), at=3))),
+           dec.submit(BatchRequest(list(PROMPTS[2]), DecodeConfig(max_new_tokens=20, stopping=stop_raises))),
+           dec.submit(BatchRequest(list(PROMPTS[0]), GREEDY, builder("chain"), on_tokens=callback_raises))]
+    dec.run()
+    assert [h.result.output_ids for h in good + [plain]] == [references[0], references[3], references[1]]
+    assert [h.result.stop_reason for h in bad] == ["error"] * 3
+    assert [type(h.error) for h in bad] == [RuntimeError, ValueError, KeyError]
+    assert bad[0].result.output_ids == references[2][: len(bad[0].result.output_ids)]
+    assert len(bad[0].result.output_ids) >= 2  # two steps committed before its builder raised
+    assert dec.target.rows.cache is None and dec.drafts.drafters == {}
+
+
 def test_generate_batch_of_one_is_generate(tiny_pair):
     target, draft = tiny_pair
     gen = SpeculativeGenerator.from_models(target, None, draft=draft, method="dyspec", budget=4)

@@ -23,6 +23,11 @@ One step:
      a request that ends (EOS, stop check, `max_new_tokens`, cancellation) leaves the batch and
      its cache rows are released.
 
+A failure in one request's own code (its builder, its verifier or logits processors, its stopping
+check or its `on_tokens` callback) ends that request alone, with stop reason "error" and the
+exception in `handle.error`; the others go on. A failure of a batched forward, which every request
+shares, propagates from `step()`.
+
 Exactness: requests never attend to each other's rows, and each request's tokens come from its
 own rows of the forward, its own verifier and its own generator. On a batch-invariant target
 (the int8 CPU target, engine/int8.py) a request's rows equal the rows it would get alone, so its
@@ -94,6 +99,7 @@ class RequestHandle:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.result: GenerationResult | None = None
+        self.error: BaseException | None = None  # what ended the request, stop reason "error"
         self.ctx: DraftContext | None = None  # the step's draft side
 
     @property
@@ -154,6 +160,20 @@ class _Waiting(Drafter):
         return self.coordinator.switch([(self.key, tree, nodes)])[0]
 
 
+class _Failed:
+    """What a builder's greenlet returns when the builder raised."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _guarded(run):
+    try:
+        return run()
+    except Exception as error:  # one request's failure, not the batch's
+        return _Failed(error)
+
+
 def expand_many(items: list[tuple]) -> list[torch.Tensor]:
     """For a builder running in a step's greenlet (builders/shared_budget.py): draft `(key, tree,
     nodes)` items of several requests in the step's next batched forward."""
@@ -197,6 +217,11 @@ class BatchDecoder:
     # ------------------------------------------------------------------ requests
     def submit(self, request: BatchRequest) -> RequestHandle:
         """Queue a request (checked now: context length, verifier); it joins at the next step."""
+        return self.enqueue(self.handle_for(request))
+
+    def handle_for(self, request: BatchRequest) -> RequestHandle:
+        """Check a request (context length, verifier, rows) and make its handle, without queueing
+        it: a server checks requests on one thread and steps the decoder on another."""
         cfg = request.config
         builder = request.builder
         if builder is not None and self.drafts is None:
@@ -214,6 +239,10 @@ class BatchDecoder:
                 f"one step of this request feeds up to {handle.rows} rows, more than the batch's "
                 f"max_rows ({self.max_rows}): raise max_rows or lower the tree budget"
             )
+        return handle
+
+    def enqueue(self, handle: RequestHandle) -> RequestHandle:
+        """Queue a handle made by `handle_for`; it joins at the next step."""
         self.queue.append(handle)
         return handle
 
@@ -270,9 +299,17 @@ class BatchDecoder:
         proposals = {h.key: h.lookup.propose(h.committed) for h in spec if h.lookup is not None}
         draft_time = forwards = 0
         self.lookup_kept = {}  # a shared budget's choice: how much of each proposal to graft
+        failed: dict[int, Exception] = {}  # requests whose own code raised in this step
+        ended = []
         if spec:
-            trees = self._draft(spec, proposals)
+            trees = self._draft(spec, proposals, failed)
             draft_time, forwards = self.drafts.forward_time, self.drafts.forwards
+            for h in [h for h in spec if h.key in failed]:
+                self._fail(h, failed.pop(h.key))
+                ended.append(h)
+            spec = [h for h in spec if not h.done]
+            if not self.active:
+                return ended
         for h in self.active:
             if not h.speculative:
                 trees[h.key] = TokenTree.from_root(h.committed[-1])
@@ -287,18 +324,12 @@ class BatchDecoder:
         news: dict[int, list[int]] = {}
         results = {}
         for h in self.active:
-            tree, rows = trees[h.key], logits[h.key]
-            cfg = h.request.config
-            if cfg.logits_processor is not None:
-                process = PathProcessor(cfg.logits_processor, h.committed, self.adapter.device)
-                rows = ProcessedRows(rows, lambda i, tree=tree: tree.path_tokens(i), process)
-            result = h.verify(tree, rows, cfg.sampling, h.generator)
-            new, stop = _finish(
-                [tree.tokens[n] for n in result.accepted] + [result.bonus], h.output, cfg, h.committed
-            )
-            kept[h.key] = result.accepted[: len(new) - 1]
-            news[h.key] = new
-            results[h.key] = (result, stop, getattr(rows, "seconds", 0.0))
+            try:
+                verified = self._verify(h, trees[h.key], logits[h.key])
+                kept[h.key], news[h.key], results[h.key] = verified
+            except Exception as error:  # this request's verifier, processors or stopping check
+                failed[h.key] = error
+                kept[h.key], news[h.key] = [], []
         self.target.keep(kept, width)
         if spec:
             features = (
@@ -310,8 +341,11 @@ class BatchDecoder:
         t3 = clock()
         if self.history is not None:
             self._learn(spec, trees, news, forwards, (t0, t1, t3))
-        ended = []
         for h in list(self.active):
+            if h.key in failed:
+                self._fail(h, failed[h.key])
+                ended.append(h)
+                continue
             result, stop, head_time = results[h.key]
             new = news[h.key]
             h.committed += new
@@ -319,7 +353,12 @@ class BatchDecoder:
             if h.first_token_at is None and new:
                 h.first_token_at = t3
             if h.request.on_tokens is not None:
-                h.request.on_tokens(new)
+                try:
+                    h.request.on_tokens(new)
+                except Exception as error:  # the request's own callback
+                    self._fail(h, error)
+                    ended.append(h)
+                    continue
             h.steps.append(
                 self._stats(h, trees[h.key], result, kept[h.key], grafts.get(h.key, []),
                             (t0, t1, t2, t3), draft_time, forwards, head_time, len(new))
@@ -329,6 +368,26 @@ class BatchDecoder:
                 h._finish(stop)
                 ended.append(h)
         return ended
+
+    def _verify(self, h: RequestHandle, tree: TokenTree, rows) -> tuple:
+        """One request's verifier on its rows: (kept nodes, new tokens, (result, stop reason,
+        head seconds))."""
+        cfg = h.request.config
+        if cfg.logits_processor is not None:
+            process = PathProcessor(cfg.logits_processor, h.committed, self.adapter.device)
+            rows = ProcessedRows(rows, lambda i: tree.path_tokens(i), process)
+        result = h.verify(tree, rows, cfg.sampling, h.generator)
+        new, stop = _finish(
+            [tree.tokens[n] for n in result.accepted] + [result.bonus], h.output, cfg, h.committed
+        )
+        return result.accepted[: len(new) - 1], new, (result, stop, getattr(rows, "seconds", 0.0))
+
+    def _fail(self, handle: RequestHandle, error: Exception) -> None:
+        """End one request whose own code raised (stop reason "error"), keeping its output."""
+        if handle in self.active:
+            self._leave(handle)
+        handle.error = error
+        handle._finish("error")
 
     def _screen_walks(self, trees: dict, logits: dict) -> None:
         """The rows the greedy verifiers will read, screened a depth at a time for every request
@@ -348,9 +407,12 @@ class BatchDecoder:
                 else:
                     walks[key] = child
 
-    def _draft(self, spec: list[RequestHandle], proposals: dict) -> dict[int, TokenTree]:
+    def _draft(
+        self, spec: list[RequestHandle], proposals: dict, failed: dict
+    ) -> dict[int, TokenTree]:
         """Steps 2-3 of the module doc: the batch drafter's `begin`, then every builder in its own
-        greenlet, their draft requests answered round by round in one batched forward each."""
+        greenlet, their draft requests answered round by round in one batched forward each. A
+        builder that raises fails its requests (`failed`: key -> exception)."""
         coordinator = getcurrent()
         shared = [h for h in spec if self.shared is not None and self.shared.takes(h.request.builder)]
         cost = None
@@ -387,13 +449,15 @@ class BatchDecoder:
         pending: dict = {}  # greenlet -> its draft items
 
         def started(key, run) -> None:
-            worker = greenlet(run)
+            worker = greenlet(lambda: _guarded(run))
             pending[worker] = key
             answer(worker, worker.switch())
 
         def answer(worker, value) -> None:
             key = pending.pop(worker)
-            if worker.dead:
+            if worker.dead and isinstance(value, _Failed):
+                failed.update({k: value.error for k in (key if isinstance(key, tuple) else (key,))})
+            elif worker.dead:
                 trees.update(value if isinstance(key, tuple) else {key: value})
             else:
                 pending[worker] = key
