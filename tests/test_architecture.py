@@ -2,8 +2,8 @@
 
 Layers, lowest first (ARCHITECTURE.md): `errors`; `common/`; `engine/`; `drafters/` and
 `builders/` (side by side: neither imports the other); `models` and `defaults` (side by side);
-`offline/` and `bench/` (side by side: neither imports the other); `api`; `custom_generate`;
-`cli` and the package's `__init__`. Every import counts, including those inside functions and under
+`offline/` and `bench/` (side by side: neither imports the other); `api`; `custom_generate` and
+`serve/` (side by side); `cli` and the package's `__init__`. Every import counts, including those inside functions and under
 `TYPE_CHECKING`.
 """
 
@@ -24,7 +24,7 @@ LAYERS = {
     "models": 4, "defaults": 4,
     "offline": 5, "bench": 5,
     "api": 6,
-    "custom_generate": 7,
+    "custom_generate": 7, "serve": 7,
     "cli": 8, "": 8,  # "": the package's own __init__
 }
 

@@ -6,7 +6,7 @@ commands: `generate` (generate, the demo, methods), `bench` (bench, report), `to
 offline tools); `options` holds the option groups several commands share, `base` the app.
 """
 
-from . import bench, generate, tools  # noqa: F401  (each registers its commands on the app)
+from . import bench, generate, serve, tools  # noqa: F401  (each registers its commands on the app)
 from .base import app
 
 __all__ = ["app"]
