@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -164,6 +164,24 @@ if run 14; then
   .venv/bin/python benchmarks/tools/batch_layout.py --out $RES/batch-layout.json --repeats 9
   .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 --num-prompts 16 --concurrency 8 \
     --out $RES/batch-agreement-float32.json
+fi
+# 16. The server under load: `arborspec serve` on the int8 embedded pair (server defaults, then one shared
+#     node budget), 16 MT-Bench questions x 128 tokens, T = 0, streamed by 1, 4 and 16 async `openai`
+#     clients in a closed loop; speculative requests against the same server's `speculative: false` ones,
+#     interleaved, three repeats. Server and clients share the 2 cores.
+serve_load() {
+  local name=$1
+  shift
+  [[ ${RESUME:-0} == 1 ]] || rm -rf "$RUNS/$name"
+  $A bench-serve --concurrency 1,4,16 --repeats 3 --num-prompts 16 --max-tokens 128 --temperature 0 \
+    --out "$RUNS/$name" $(resume) -- "$@"
+  rm -rf "${RES:?}/$name" && mkdir -p "$RES/$name"
+  cp "$RUNS/$name/report.md" "$RUNS/$name/summary.json" "$RES/$name/"
+}
+if run 16; then
+  say 16 "server load test"
+  serve_load serve-load-int8 --dtype int8
+  serve_load serve-load-int8-shared --dtype int8 --shared-budget
 fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
 #     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).

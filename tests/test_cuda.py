@@ -400,6 +400,53 @@ def test_custom_generate_in_half_precision(dtype):
     assert ties <= 1, "both methods end at a rounding tie"
 
 
+# --------------------------------------------------------------------------- (e) batches and the server
+def test_batched_greedy_equals_each_request_alone():
+    """The batch decoder on the device, float32: speculative and plain requests in one batch, each request's
+    greedy output = plain decoding of its prompt alone."""
+    from arborspec.engine.batch_decode import BatchDecoder, BatchRequest
+
+    model = tiny_target("float32")
+    dec = BatchDecoder(ModelAdapter(model), ModelDrafter(tiny_draft("float32")))
+    cfg = DecodeConfig(max_new_tokens=NEW, eos_token_ids=tuple(EOS))
+    handles = [dec.submit(BatchRequest(list(p), cfg, make_builder("dyspec", budget=8) if i % 2 == 0 else None,
+                                       lookup=4 if i == 0 else 0))
+               for i, p in enumerate(GREEDY_PROMPTS)]
+    dec.run()
+    for prompt, handle in zip(GREEDY_PROMPTS, handles):
+        same_tokens(model, prompt, handle.result.output_ids, plain(model, prompt), f"batched {prompt}")
+    assert dec.target.rows.cache is None  # every request left and gave its rows back
+
+
+def test_the_server_answers_from_the_device():
+    """`arborspec serve`'s service on the device (float32 tiny pair): at temperature 0 the streamed and the
+    non-streamed answers are plain decoding's text."""
+    import openai
+
+    from arborspec import SpeculativeGenerator
+    from arborspec.serve import ServeConfig, Service
+    from conftest import char_tokenizer
+    from test_serve import start
+
+    model = tiny_target("float32")
+    gen = SpeculativeGenerator.from_models(model, char_tokenizer(), draft=tiny_draft("float32"), method="dyspec",
+                                           budget=8, lookup=4)
+    server = start(Service(ServeConfig(model_name="tiny", default_max_tokens=NEW), gen))
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        for text in ("Hello, GPU.", "abcabcabc abc"):
+            ids = gen.tokenizer(text)["input_ids"]
+            want = gen.tokenizer.decode(plain(model, ids, NEW, (gen.tokenizer.eos_token_id,)), skip_special_tokens=True)
+            ask = dict(model="tiny", messages=[{"role": "user", "content": text}], temperature=0, max_tokens=NEW)
+            reply = client.chat.completions.create(**ask)
+            assert reply.choices[0].message.content == want and reply.model_extra["arborspec"]["speculative"]
+            streamed = "".join(c.choices[0].delta.content or "" for c in
+                               client.chat.completions.create(stream=True, **ask) if c.choices)
+            assert streamed == want
+    finally:
+        server.stop()
+
+
 # --------------------------------------------------------------------------- (d) the embedded pair
 # MT-Bench-like first turns: writing, coding, reasoning
 EMBEDDED_PROMPTS = [

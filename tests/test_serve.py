@@ -430,3 +430,34 @@ def test_serve_command_drains_on_sigterm_and_exits_zero(tiny_dirs):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------ the load test
+def test_load_test_counts_every_token_and_request(served, tmp_path):
+    """`arborspec bench-serve` against a running server: every request answered, tokens = the answers' usage,
+    speculative texts = plain's at T = 0, the figures recomputed from the records, and a resumed run adds
+    nothing."""
+    from arborspec.bench.serve_load import ServeLoadConfig, cell_figures, run_serve_load, summarize
+    from arborspec.bench.report import read_results
+
+    server, _ = served
+    cfg = ServeLoadConfig(url=f"http://127.0.0.1:{server.port}", num_prompts=5, max_tokens=6,
+                          concurrency=[1, 3], warmup=0, out_dir=tmp_path / "load")
+    path = run_serve_load(cfg, quiet=True)
+    header, records, _ = read_results(path)
+    assert header["benchmark"] == "serve-load" and header["server"]["precision"] == "int8"
+    assert sorted((r["concurrency"], r["mode"]) for r in records) == [
+        (1, "plain"), (1, "speculative"), (3, "plain"), (3, "speculative")]
+    for r in records:
+        assert [a["index"] for a in r["answers"]] == list(range(5))
+        assert all(a["error"] is None and a["tokens"] == 6 and a["sent"] <= a["first_text"] <= a["end"]
+                   for a in r["answers"])
+        f = cell_figures(r)
+        assert f["tokens"] == 30 and f["tokens_per_s"] == pytest.approx(30 / r["wall_s"])
+    rows = {(r["concurrency"], r["mode"]): r for r in summarize(records)}
+    assert all(row["identical"] == 1.0 and row["errors"] == 0 for row in rows.values())
+    assert rows[(3, "speculative")]["speedup"] == pytest.approx(
+        rows[(3, "speculative")]["tokens_per_s"] / rows[(3, "plain")]["tokens_per_s"])
+    assert "| 3 | `speculative` |" in (tmp_path / "load" / "report.md").read_text()
+    run_serve_load(ServeLoadConfig(**{**cfg.__dict__, "resume": True}), quiet=True)
+    assert len(read_results(path)[1]) == 4

@@ -1,5 +1,6 @@
-"""`arborspec bench`, `arborspec bench-batch` and `arborspec report`: the benchmark against plain
-decoding, the concurrency benchmark against plain batched decoding, and their reports."""
+"""`arborspec bench`, `arborspec bench-batch`, `arborspec bench-serve` and `arborspec report`: the
+benchmark against plain decoding, the concurrency benchmark against plain batched decoding, the
+server's load test, and their reports."""
 
 from __future__ import annotations
 
@@ -206,6 +207,63 @@ def bench_batch(
         compile=models.compile,
     )
     err.print(f"results: {run_concurrency(cfg)}", highlight=False)
+
+
+@app.command(
+    "bench-serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+@friendly
+def bench_serve(
+    ctx: typer.Context,
+    url: Optional[str] = typer.Option(
+        None, "--url", help="load an existing server (default: start `arborspec serve` here)"
+    ),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ARBORSPEC_API_KEY"),
+    concurrency: str = typer.Option("1,4,16", "--concurrency", help="comma list of clients"),
+    modes: str = typer.Option(
+        "speculative,plain",
+        "--modes",
+        help="speculative: the server's own settings; plain: `speculative: false`",
+    ),
+    prompts: str = typer.Option(
+        "mt-bench", "--prompts", help="mt-bench, humaneval, a JSONL/text file; first turns"
+    ),
+    num_prompts: Optional[int] = typer.Option(16, "--num-prompts", help="requests per cell"),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t"),
+    repeats: int = typer.Option(1, "--repeats"),
+    warmup: int = typer.Option(1, "--warmup", help="untimed warm-up rounds per mode"),
+    out_dir: Path = typer.Option(
+        Path("runs/bench-serve"), "--out", "-o", help="results.jsonl, report.md, summary.json"
+    ),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in --out"),
+) -> None:
+    """Load-test the server with concurrent `openai` clients: speculative requests against the
+    same server's plain ones (`speculative: false`). Options after `--` go to `arborspec serve`,
+    e.g. `arborspec bench-serve -- --dtype int8 --shared-budget`."""
+    from ..bench.concurrency import parse_concurrency
+    from ..bench.serve_load import ServeLoadConfig, run_serve_load
+
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise ArborError("bench-serve needs the openai client: pip install openai") from None
+    cfg = ServeLoadConfig(
+        url=url,
+        api_key=api_key,
+        server_args=list(ctx.args),
+        prompts=prompts,
+        num_prompts=num_prompts,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        concurrency=parse_concurrency(concurrency),
+        modes=[m.strip() for m in modes.split(",") if m.strip()],
+        repeats=repeats,
+        warmup=warmup,
+        out_dir=out_dir,
+        resume=resume,
+    )
+    err.print(f"results: {run_serve_load(cfg)}", highlight=False)
 
 
 @app.command()
