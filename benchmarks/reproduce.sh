@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -182,6 +182,19 @@ if run 16; then
   say 16 "server load test"
   serve_load serve-load-int8 --dtype int8
   serve_load serve-load-int8-shared --dtype int8 --shared-budget
+fi
+# 17. Replicas on Ray Serve: one replica with both cores against two replicas of one core each, the same
+#     workload as step 16 (speculative requests, the server's defaults), one repeat.
+if run 17; then
+  say 17 "replicas on Ray Serve"
+  for n in 1 2; do
+    name=serve-replicas-$n
+    [[ ${RESUME:-0} == 1 ]] || rm -rf "$RUNS/$name"
+    $A bench-serve --concurrency 1,4,16 --modes speculative --num-prompts 16 --max-tokens 128 --temperature 0 \
+      --out "$RUNS/$name" $(resume) -- --dtype int8 --min-replicas $n --max-replicas $n --replica-cpus $((2 / n))
+    rm -rf "${RES:?}/$name" && mkdir -p "$RES/$name"
+    cp "$RUNS/$name/report.md" "$RUNS/$name/summary.json" "$RES/$name/"
+  done
 fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
 #     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).

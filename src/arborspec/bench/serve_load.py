@@ -458,9 +458,9 @@ def write_serve_report(results_path: str | Path, out_dir: str | Path) -> Path:
     for r in rows:
         lines.append(
             f"| {r['concurrency']} | `{r['mode']}` | {_fmt(r['requests_per_s'])} | "
-            f"{_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['speedup'])}x | "
+            f"{_fmt(r['tokens_per_s'], '.1f')} | {_ratio(r['speedup'])} | "
             f"{_fmt(r['ttft_p50_s'], '.3f')} / {_fmt(r['ttft_p99_s'], '.3f')} | "
-            f"{_fmt(r['ttft_p50_ratio'])}x | {_fmt(_ms(r['per_token_p50_s']), '.1f')} / "
+            f"{_ratio(r['ttft_p50_ratio'])} | {_fmt(_ms(r['per_token_p50_s']), '.1f')} / "
             f"{_fmt(_ms(r['per_token_p99_s']), '.1f')} | {_fmt(r['accepted_length'])} | "
             f"{r['errors']} | {_percent(r['identical'])} | "
             f"{r['repeats']} |"
@@ -468,6 +468,10 @@ def write_serve_report(results_path: str | Path, out_dir: str | Path) -> Path:
     path = Path(out_dir) / REPORT_NAME
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
 
 
 def _percent(share: float | None) -> str:

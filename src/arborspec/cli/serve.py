@@ -18,6 +18,10 @@ def _limit(default, flag: str, help: str):
     return typer.Option(default, flag, rich_help_panel=LIMITS, help=help)
 
 
+def _ray(default, flag: str, help: str):
+    return typer.Option(default, flag, rich_help_panel="Replicas (Ray Serve)", help=help)
+
+
 @app.command()
 @friendly
 @grouped("models", ModelOptions)
@@ -82,6 +86,25 @@ def serve(
         "--shutdown-timeout",
         "seconds requests in flight get to finish after SIGTERM / Ctrl-C",
     ),
+    replicas: int = _ray(
+        1,
+        "--replicas",
+        "replicas on Ray Serve, each with its own model pair (1: this process, no Ray)",
+    ),
+    address: Optional[str] = _ray(
+        None, "--address", "an existing Ray cluster (default: start a local one); implies Ray Serve"
+    ),
+    replica_cpus: float = _ray(1.0, "--replica-cpus", "CPUs each replica reserves"),
+    replica_gpus: float = _ray(0.0, "--replica-gpus", "GPUs each replica reserves"),
+    max_ongoing_requests: Optional[int] = _ray(
+        None,
+        "--max-ongoing-requests",
+        "requests Ray sends one replica at once (default: --max-batch + --max-queue)",
+    ),
+    min_replicas: int = _ray(1, "--min-replicas", "with --max-replicas: autoscale from here"),
+    max_replicas: Optional[int] = _ray(
+        None, "--max-replicas", "autoscale up to this many replicas with the load"
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
     models: ModelOptions = ModelOptions(),
 ) -> None:
@@ -127,4 +150,22 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    run_server(config, log_level=log_level.lower())
+    if replicas == 1 and address is None and max_replicas is None:
+        run_server(config, log_level=log_level.lower())
+        return
+    try:
+        from ..serve.ray_app import ReplicaOptions, run_replicas
+    except ImportError:
+        raise ArborError(
+            "replicas run on Ray Serve, which is not installed: pip install 'arborspec[ray]'"
+        ) from None
+    options = ReplicaOptions(
+        replicas=replicas,
+        num_cpus=replica_cpus,
+        num_gpus=replica_gpus,
+        max_ongoing_requests=max_ongoing_requests,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+    )
+    options.check()
+    run_replicas(config, options, address)

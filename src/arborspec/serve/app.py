@@ -123,7 +123,8 @@ def create_app(service: Service) -> FastAPI:
             return JSONResponse({"status": "draining"}, 503)
         if not service.ready:
             return JSONResponse({"status": "loading"}, 503)
-        return JSONResponse({"status": "ready", "model": service.model_name, **service.describe()})
+        ready = {"status": "ready", "model": service.model_name, **service.describe()}
+        return JSONResponse(ready, headers=service.headers())
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -158,7 +159,8 @@ def create_app(service: Service) -> FastAPI:
         ticket = service.submit(prepared)
         route = request.url.path
         if prepared.stream:
-            return EventSourceResponse(_events(service, prepared, ticket, route), ping=15, sep="\n")
+            events = _events(service, prepared, ticket, route)
+            return EventSourceResponse(events, ping=15, sep="\n", headers=service.headers())
         pieces = service.text(prepared, ticket)
         collect = asyncio.ensure_future(_join(pieces))
         try:
@@ -177,7 +179,7 @@ def create_app(service: Service) -> FastAPI:
             if not collect.done():
                 collect.cancel()
         service.metrics.requests.labels(route, "200").inc()
-        return JSONResponse(_response(service, prepared, ticket, text))
+        return JSONResponse(_response(service, prepared, ticket, text), headers=service.headers())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

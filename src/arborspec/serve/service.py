@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ..api import SpeculativeGenerator
 from ..builders import make_builder
@@ -132,6 +133,10 @@ class Service:
             active=lambda: self.answering,
         )
         self._builders: dict[tuple, Any] = {}
+        self.replica: str | None = (
+            None  # the replica's id when hosted as one of several (ray_app.py)
+        )
+        self.on_finished: Callable[[Any], None] | None = None  # a host's hook per finished request
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -232,6 +237,12 @@ class Service:
     @property
     def in_flight(self) -> int:
         return self.engine.outstanding if self.engine is not None else 0
+
+    def headers(self) -> dict[str, str]:
+        """Response headers that say which replica answered (several replicas only)."""
+        if not self.replica:
+            return {}
+        return {"x-arborspec-replica": self.replica, "x-arborspec-pid": str(os.getpid())}
 
     def describe(self) -> dict:
         gen = self.generator
@@ -423,6 +434,8 @@ class Service:
             handle = ticket.handle
             ttft = (handle.first_token_at - handle.submitted_at) if handle.first_token_at else None
             self.metrics.finished(result, prepared.prompt_tokens, ttft, result.wall_time)
+            if self.on_finished is not None:
+                self.on_finished(result)
         finally:
             if not ended:
                 self.engine.cancel(ticket)
@@ -454,4 +467,5 @@ class Service:
             "seconds": round(result.wall_time, 6),
             "stop_reason": result.stop_reason,
             "seed": handle.request.config.seed,
+            **({"replica": self.replica} if self.replica else {}),
         }
