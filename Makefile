@@ -23,12 +23,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/arborspec generate "Explain in a few sentences why the sky is blue." --max-new-tokens 96 --compare-ar
 
+# Two workers (pytest-xdist), each running whole test files: the tests use one torch thread each.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Everything but the tests marked slow (pyproject.toml): a few minutes on 2 cores. CI runs `make test`.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
