@@ -404,7 +404,8 @@ def test_serve_command_drains_on_sigterm_and_exits_zero(tiny_dirs):
     proc = subprocess.Popen(
         [sys.executable, "-c", "from arborspec.cli import app; app()", "serve", "--target", str(tiny_dirs / "target"),
          "--draft", str(tiny_dirs / "draft"), "--dtype", "int8", "--port", str(port), "--model-name", MODEL,
-         "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--log-level", "warning", "--shutdown-timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
     try:
         base = f"http://127.0.0.1:{port}"
         server = Server(None, port, None, None)
@@ -416,7 +417,7 @@ def test_serve_command_drains_on_sigterm_and_exits_zero(tiny_dirs):
             except OSError:
                 time.sleep(0.1)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
-        stream = chat(client, LONG, 1500, stream=True)
+        stream = chat(client, LONG, 600, stream=True)
         chunks = iter(stream)
         next(chunks)
         proc.send_signal(signal.SIGTERM)

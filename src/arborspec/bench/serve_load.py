@@ -19,10 +19,11 @@ a request that fails or times out is counted as an error, never retried.
 
 Figures per cell: requests/s and output tokens/s (completion tokens from each answer's `usage`,
 counted the same way in both modes) over the wall seconds from the first request to the end of
-the last; time to first token (request sent to the first chunk with text) and per-token latency
-((end - first text) / (tokens - 1)) at p50 and p99 over the requests; errors; the server's mean
-accepted length (the answers' `arborspec` statistics). Speedup = tokens/s over the plain mode's in
-the same (repeat, concurrency); at temperature 0 the texts are compared with plain's.
+the last; latency (request sent to its last chunk), time to first token (to the first chunk with
+text) and per-token latency ((end - first text) / (tokens - 1)), each at p50 and p99 over the
+requests; errors; the server's mean accepted length (the answers' `arborspec` statistics).
+Speedup = tokens/s over the plain mode's in the same (repeat, concurrency); at temperature 0 the
+texts are compared with plain's.
 
 Records are JSON Lines (a header, then one record per cell, flushed at once); Ctrl-C keeps every
 finished cell and `resume=True` runs only the missing ones.
@@ -259,6 +260,7 @@ def cell_figures(record: dict) -> dict:
         for a in answers
         if a["first_text"] is not None and a["tokens"] > 1
     ]
+    latency = [a["end"] - a["sent"] for a in answers if a["end"] is not None]
     accepted = [a["accepted_length"] for a in answers if a["accepted_length"] is not None]
     return {
         "requests": len(record["answers"]),
@@ -266,6 +268,8 @@ def cell_figures(record: dict) -> dict:
         "requests_per_s": len(answers) / wall if wall > 0 else None,
         "tokens_per_s": tokens / wall if wall > 0 else None,
         "tokens": tokens,
+        "latency_p50_s": percentile(latency, 50),
+        "latency_p99_s": percentile(latency, 99),
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),
         "per_token_p50_s": percentile(per_token, 50),
@@ -446,19 +450,22 @@ def write_serve_report(results_path: str | Path, out_dir: str | Path) -> Path:
         f"{header['machine'].get('platform', '')}; started {header['started']}",
         "",
         "tokens/s = completion tokens of all requests / wall seconds of the cell; speedup = that "
-        "over `plain` (`speculative: false` on the same server) at the same concurrency; TTFT = "
+        "over `plain` (`speculative: false` on the same server) at the same concurrency; latency = "
+        "request sent to its last chunk; TTFT = "
         "request sent to its first text; per-token = (end - first text) / (tokens - 1); "
         "identical = share of texts equal to plain's.",
         "",
-        "| concurrency | mode | requests/s | tokens/s | speedup | TTFT p50 / p99 (s) "
+        "| concurrency | mode | requests/s | tokens/s | speedup | latency p50 / p99 (s) "
+        "| TTFT p50 / p99 (s) "
         "| TTFT vs plain | per-token p50 / p99 (ms) | accepted length | errors | identical "
         "| repeats |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['concurrency']} | `{r['mode']}` | {_fmt(r['requests_per_s'])} | "
             f"{_fmt(r['tokens_per_s'], '.1f')} | {_ratio(r['speedup'])} | "
+            f"{_fmt(r['latency_p50_s'])} / {_fmt(r['latency_p99_s'])} | "
             f"{_fmt(r['ttft_p50_s'], '.3f')} / {_fmt(r['ttft_p99_s'], '.3f')} | "
             f"{_ratio(r['ttft_p50_ratio'])} | {_fmt(_ms(r['per_token_p50_s']), '.1f')} / "
             f"{_fmt(_ms(r['per_token_p99_s']), '.1f')} | {_fmt(r['accepted_length'])} | "

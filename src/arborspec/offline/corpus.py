@@ -468,7 +468,12 @@ def _first_doc_line(obj) -> str | None:
 
 
 def stdlib_prompts() -> list[str]:
-    """Two coding requests per documented public function or class of `STDLIB_MODULES`."""
+    """Two coding requests per documented public function or class of `STDLIB_MODULES`.
+
+    They come from the objects this process sees: a library that replaces a standard-library
+    function changes them (gRPC, which Ray imports, swaps `inspect.isgenerator` for an
+    undocumented wrapper, and its two prompts drop out). The training tools build the corpus in
+    their own process, before importing any such library."""
     prompts = []
     for mod_name in STDLIB_MODULES:
         mod = _stdlib_module(mod_name)
