@@ -30,7 +30,7 @@ from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.models import load_pair, load_tokenizer
 from arborspec.serve import ServeConfig, Service, create_app
-from arborspec.serve.server import free_port
+from arborspec.common.ports import free_port
 from arborspec.serve.text import TextStream
 
 from conftest import char_tokenizer, perturbed_copy, tiny_llama

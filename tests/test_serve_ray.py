@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from arborspec.serve import ServeConfig  # noqa: E402
-from arborspec.serve.server import free_port  # noqa: E402
+from arborspec.common.ports import free_port  # noqa: E402
 
 from test_serve import LONG, MODEL, NEW, PROMPTS, generator, plain, streamed, tiny_dirs  # noqa: E402,F401
 
@@ -92,11 +92,13 @@ def test_a_killed_replica_fails_its_request_and_comes_back(cluster):
         lines = response.iter_lines()
         next(lines)
         os.kill(pid, signal.SIGKILL)
-        t0 = time.time()
-        with pytest.raises(Exception):  # the stream ends with an error, never with [DONE]
+        t0, finished = time.time(), False
+        try:
             for line in lines:
-                assert line != "data: [DONE]"
-            raise ConnectionError("the stream ended")
+                finished = finished or line == "data: [DONE]"
+        except Exception:  # the broken connection surfaces as an error, or as the stream's end
+            pass
+        assert not finished, "the killed replica's stream ended as if complete"
         assert time.time() - t0 < 30
     # the other replica keeps answering
     for i in range(4):

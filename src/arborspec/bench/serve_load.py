@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..common.jsonfiles import write_json_atomic
+from ..common.ports import free_port
 from ..common.provenance import machine_info, utc_timestamp, versions
 from ..errors import ArborError, Interrupted
 from .concurrency import clients_of, percentile, rotated
@@ -94,12 +94,6 @@ class ServeLoadConfig:
 
 
 # ------------------------------------------------------------------------------------ the server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[int, dict]:
     request = urllib.request.Request(url)
     if api_key:
@@ -115,7 +109,7 @@ class ServerProcess:
     """`arborspec serve` started on a free loopback port, its output in `log`."""
 
     def __init__(self, args: list[str], log: Path, timeout_s: float) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
             sys.executable,

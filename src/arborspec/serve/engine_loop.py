@@ -61,7 +61,6 @@ class EngineLoop:
         self.lock = threading.Lock()
         self.running = 0  # requests in the batch, as of the last step (for metrics)
         self.waiting = 0
-        self.on_step: Callable[[list[RequestHandle]], None] | None = None
         self.thread = threading.Thread(target=self._run, name="arborspec-engine", daemon=True)
         self._stop = False
 
@@ -123,8 +122,6 @@ class EngineLoop:
             self.running, self.waiting = len(self.decoder.active), len(self.decoder.queue)
             for handle in ended:
                 self.tickets.pop(handle.key)._post(None)
-            if self.on_step is not None:
-                self.on_step(ended)
 
     def _take_inbox(self, block: bool) -> None:
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import ray
 from ray import serve
-from ray.serve.metrics import Counter, Gauge, Histogram
+from ray.serve.metrics import Counter, Histogram
 
 from ..errors import ArborError
 from .app import create_app
@@ -73,16 +73,14 @@ class _RayCounters:
             "Tokens committed per speculative step",
             boundaries=list(ACCEPTED_BUCKETS),
         )
-        self.running = Gauge("arborspec_running_requests", "Requests in the decoding batch")
 
-    def finished(self, result, running: int) -> None:
+    def finished(self, result) -> None:
         mode = "speculative" if result.method != "autoregressive" else "plain"
         self.tokens.inc(len(result.output_ids), tags={"mode": mode})
         self.requests.inc(tags={"mode": mode})
         if mode == "speculative":
             for step in result.steps:
                 self.accepted.observe(step.accepted_length)
-        self.running.set(running)
 
 
 @serve.ingress()
@@ -93,9 +91,7 @@ class ArborspecReplica:
         self.service = Service(config)
         self.service.replica = serve.get_replica_context().replica_id.unique_id
         self.service.load()
-        counters = _RayCounters()
-        engine = self.service.engine
-        self.service.on_finished = lambda result: counters.finished(result, engine.running)
+        self.service.on_finished = _RayCounters().finished
 
     def __serve_build_asgi_app__(self):
         return create_app(self.service)

@@ -10,7 +10,6 @@ second signal stops at once.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import uvicorn
@@ -78,9 +77,3 @@ def serve(config: ServeConfig, service: Service | None = None, log_level: str = 
         service.close()
     if service.load_error:
         raise ArborError(service.load_error)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
