@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -196,6 +196,18 @@ if run 17; then
     cp "$RUNS/$name/report.md" "$RUNS/$name/summary.json" "$RES/$name/"
   done
 fi
+# 18. llama.cpp beside arborspec: its plain decoding of the embedded target's Q4_1 GGUF, timed in the same
+#     run as the int8 target's plain decoding and the CPU default (DySpec 3 + lookup) and DySpec 4 + lookup,
+#     24 MT-Bench questions x 128 tokens, T = 0 and 0.6. llama-cpp-python is installed into the benchmark's
+#     environment first if it is missing (it builds llama.cpp: ~10 min on 2 cores).
+if run 18; then
+  say 18 "llama.cpp beside arborspec"
+  $P -c "import llama_cpp" 2>/dev/null || .venv/bin/pip install "llama-cpp-python==0.3.36"
+  bench llamacpp-int8 --dtype int8 --prompts mt-bench --num-prompts 24 --max-new-tokens 128 \
+    --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
+fi
+# 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python).
+run 19 && say 19 "forward profile" && $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
 #     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"

@@ -55,11 +55,13 @@ from ..models import (
     ModelPair,
     default_draft,
     draft_precision,
+    embedded_gguf_path,
     head_int8,
     load_model,
     load_pair,
     placement_kwargs,
 )
+from .llama_cpp import LLAMA_CPP, LlamaCppPeer
 from .prompts import Prompt, conversation, load_prompts
 from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
 
@@ -109,6 +111,10 @@ class BenchConfig:
     out_dir: Path = Path("runs/bench")
     resume: bool = False
     compare_hf_assisted: bool = False
+    # llama.cpp's plain decoding of a GGUF file as a peer (bench/llama_cpp.py); `gguf`: the file
+    # (None: the embedded target's own)
+    compare_llama_cpp: bool = False
+    gguf: str | None = None
     # user turns per prompt, at most (2 = MT-Bench's second turn too); None = every turn
     turns: int | None = 1
     chat: bool = True
@@ -142,6 +148,13 @@ class BenchConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
+        if self.gguf is not None and not self.compare_llama_cpp:
+            raise ArborError("--gguf names the file llama.cpp runs: add --compare-llama-cpp")
+        if self.compare_llama_cpp and self.gguf is None and self.target != EMBEDDED_TARGET:
+            raise ArborError(
+                "--compare-llama-cpp needs the target's GGUF file for a target other than the "
+                "embedded one: give --gguf PATH"
+            )
         # one-line errors
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)
         placement_kwargs(self.device_map, self.max_memory, self.offload_folder)
@@ -374,6 +387,8 @@ class _Runner:
         self.assistant, self.assistant_how = (
             self._assistant() if cfg.compare_hf_assisted else (None, "")
         )
+        self.llama = self._llama_cpp() if cfg.compare_llama_cpp else None
+        self.peers = self.hf + ([LLAMA_CPP] if self.llama is not None else [])
         # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)
         self.budgets = {
             label: None if dec.builder.needs_cost else dec.builder.budget
@@ -402,8 +417,20 @@ class _Runner:
             "transformers can run"
         )
 
+    def _llama_cpp(self) -> LlamaCppPeer:
+        """llama.cpp on the target's GGUF file (bench/llama_cpp.py), as many threads as torch."""
+        import torch
+
+        gguf = self.cfg.gguf or embedded_gguf_path()
+        return LlamaCppPeer(
+            gguf,
+            threads=torch.get_num_threads(),
+            context=self.pair.target.max_positions,
+            vocab_size=self.pair.target.vocab_size,
+        )
+
     def labels(self) -> list[str]:
-        return [BASELINE] + [m.label for m in self.methods] + self.hf
+        return [BASELINE] + [m.label for m in self.methods] + self.peers
 
     def decode_config(
         self, temperature: float, seed: int, max_new_tokens: int | None = None
@@ -431,6 +458,17 @@ class _Runner:
         dcfg = self.decode_config(temperature, seed, max_new_tokens)
         if label in (HF_GENERATE, HF_ASSISTED):
             return self.hf_generate(label, ids, dcfg)
+        if label == LLAMA_CPP:
+            out, wall, stop = self.llama.generate(
+                ids,
+                dcfg.max_new_tokens,
+                list(self.eos),
+                temperature,
+                self.cfg.top_k,
+                self.cfg.top_p,
+                seed,
+            )
+            return Generated(out, wall, [], stop, {"builder": self.llama.describe()})
         if label == BASELINE:
             result = autoregressive_generate(self.pair.target, ids, dcfg)
         else:
@@ -611,8 +649,11 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
         ).as_dict(),
         "timestamp": utc_timestamp(),
     }
-    if cfg.compare_hf_assisted:
-        record["notes"] = [_hf_note(runner)["text"]]
+    notes = [_hf_note(runner)["text"]] if cfg.compare_hf_assisted else []
+    if runner.llama is not None:
+        notes.append(_llama_note(runner))
+    if notes:
+        record["notes"] = notes
     return record
 
 
@@ -634,6 +675,14 @@ def _hf_note(runner: _Runner) -> dict:
         "text": f"{HF_ASSISTED}: transformers generate() with {how}; greedy runs only "
         f"(temperature > 0 skipped); {HF_GENERATE} is plain transformers generate().",
     }
+
+
+def _llama_note(runner: _Runner) -> str:
+    return (
+        f"{LLAMA_CPP}: {runner.llama.describe()}, the same prompt tokens; a different model "
+        "numerically (4-bit weights, 8-bit activations), so its tokens are not compared with "
+        "plain decoding's."
+    )
 
 
 def _warm_up(runner: _Runner, ids: list[int], quiet: bool) -> None:
@@ -707,7 +756,8 @@ def _run_one(
 ) -> dict:
     run = runner.generate(key.method, ids, key.temperature, key.seed)
     same = None
-    if key.temperature == 0 and key.method != BASELINE and baseline is not None:
+    # llama.cpp runs another model (the GGUF's own arithmetic): its tokens are not compared
+    if key.temperature == 0 and key.method not in (BASELINE, LLAMA_CPP) and baseline is not None:
         same = run.output_ids == baseline["output_ids"]
     name = key.method.split(":")[0]
     return {

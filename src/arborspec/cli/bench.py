@@ -51,6 +51,15 @@ def bench(
         "--compare-hf-assisted",
         help="also time transformers generate() and assisted generation",
     ),
+    compare_llama_cpp: bool = typer.Option(
+        False,
+        "--compare-llama-cpp",
+        help="also time llama.cpp's plain decoding of the target's GGUF file (needs "
+        "llama-cpp-python installed)",
+    ),
+    gguf: Optional[str] = typer.Option(
+        None, "--gguf", help="the GGUF file llama.cpp runs (default: the embedded target's)"
+    ),
     turns: str = typer.Option(
         "1",
         "--turns",
@@ -92,6 +101,8 @@ def bench(
         out_dir=out_dir,
         resume=resume,
         compare_hf_assisted=compare_hf_assisted,
+        compare_llama_cpp=compare_llama_cpp,
+        gguf=gguf,
         turns=parse_turns(turns),
         chat=not no_chat,
         top_k=sampling.top_k,
