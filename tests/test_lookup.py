@@ -1,7 +1,9 @@
-"""Context lookup (engine/lookup.py, docs/algorithms.md §9): exact proposals and grafts on small cases, the
-target's law kept under sample-and-match, nothing grafted for the rejection verifiers, grafted tokens accepted
-where a weak draft's are not. Greedy identity with lookup for every builder, and grafted nodes kept out of the
-acceptance model's calibration, are tests/test_greedy_identity.py's."""
+"""Context lookup (engine/lookup.py, docs/algorithms.md §9): exact proposals and grafts on small cases (grafted
+nodes marked as point masses, kept through subtrees and renumbering), the target's law kept under
+sample-and-match and under the rejection verifiers, which graft too, grafted tokens accepted where a weak
+draft's are not. Greedy identity with lookup for every builder, and grafted nodes kept out of the acceptance
+model's calibration, are tests/test_greedy_identity.py's; the point-mass rule's own laws and negative controls
+are tests/test_verifiers.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 
-from conftest import assert_first_two_follow
+from conftest import assert_departs, assert_first_two_follow, exact_first_two, first_two_counts
 
 LOOPING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]  # a prompt that repeats itself: lookup has something to copy
 
@@ -48,8 +50,22 @@ def test_graft_follows_the_trees_children_then_adds_the_rest():
     assert graft(tree, [3, 4, 5]) == [3, 4]
     assert tree.tokens == [9, 3, 8, 4, 5] and tree.parents == [-1, 0, 1, 1, 3]
     assert tree.values[3:] == [0.0, 0.0] and tree.draft_probs[3:] == [0.0, 0.0]
+    assert tree.point_masses == {3, 4}  # the added nodes, not the drawn child the chain walked down
     assert graft(tree, [3, 4, 5]) == [] and graft(tree, []) == []
     tree.validate()
+
+
+def test_point_masses_survive_subtrees_and_renumbering():
+    tree = TokenTree.from_root(9, "without_replacement")
+    a = tree.add(0, 3, 0.5, 0.5)
+    tree.add(a, 8, 0.2, 0.4)
+    graft(tree, [3, 4, 5])
+    assert tree.point_masses == {3, 4}
+    order = [0, 1, 3, 4, 2]
+    moved = tree.permuted(order)
+    assert moved.point_masses == {2, 3} and [moved.tokens[n] for n in sorted(moved.point_masses)] == [4, 5]
+    cut = tree.subtree([1, 3])
+    assert cut.tokens == [9, 3, 4] and cut.point_masses == {2}
 
 
 def test_lookup_accepts_tokens_a_weak_draft_misses(tiny_pair):
@@ -70,26 +86,64 @@ def test_lookup_accepts_tokens_a_weak_draft_misses(tiny_pair):
     assert runs[6].mean_accepted_length > runs[0].mean_accepted_length
 
 
+# [13, 7] was seen: lookup grafts [12, 13, 7], and the target gives 12 about 0.35 where the draft gives it about
+# 0.06, so the grafted node is judged as a point mass on most seeds and accepted on many
+GRAFTED_PROMPT = [13, 7, 12, 13, 7]
+RUNS = 900  # seeds: enough to tell apart a first-token law 0.1 away
+
+
+def lookup_decoder(pair, name, verifier=None):
+    target, draft = pair
+    return SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=4),
+                              verifier=verifier, lookup=3)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["opt-tree", "dyspec"])
-def test_sample_and_match_with_lookup_follows_the_target_distribution(small_vocab_pair, name):
-    """Above temperature 0, lookup grafts only under sample-and-match; the first two sampled tokens over 800
-    seeds keep the target's laws (chi-square, conftest; laws 0.1 away in total variation are rejected)."""
-    target, draft = small_vocab_pair
+@pytest.mark.parametrize("name,verifier", [("opt-tree", "sample-match"), ("dyspec", "sample-match"),
+                                           ("dyspec", "rejection"), ("specinfer", "rejection-wr")])
+def test_lookup_keeps_the_target_distribution(small_vocab_pair, name, verifier):
+    """Above temperature 0, with sample-and-match and with the rejection verifiers (grafted nodes judged as point
+    masses); the first two sampled tokens over 900 seeds keep the target's laws (chi-square, conftest; laws 0.1
+    away in total variation are rejected)."""
     cfg = SamplingConfig(0.8)
-    prompt = [3, 7, 1, 3, 7]
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=4),
-                             verifier="sample-match", lookup=3)
-    assert_first_two_follow(dec, target, prompt, cfg, 800, name, detects=0.1)
-    out = dec.generate(prompt, DecodeConfig(max_new_tokens=2, sampling=cfg, seed=0))
-    assert out.steps[0].lookup_nodes > 0  # [3, 7] was seen: the first tree had a grafted chain
+    dec = lookup_decoder(small_vocab_pair, name, verifier)
+    assert_first_two_follow(dec, small_vocab_pair[0], GRAFTED_PROMPT, cfg, RUNS, f"{name} {verifier}", detects=0.1)
+    out = dec.generate(GRAFTED_PROMPT, DecodeConfig(max_new_tokens=2, sampling=cfg, seed=0))
+    assert out.steps[0].lookup_nodes > 0  # the first tree had a grafted chain
 
 
-def test_nothing_is_grafted_for_the_rejection_verifiers(small_vocab_pair):
-    target, draft = small_vocab_pair
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget=4), lookup=3)
-    out = dec.generate([3, 7, 1, 3, 7], DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(0.8), seed=1))
-    assert out.steps and all(s.lookup_nodes == 0 for s in out.steps)
+@pytest.mark.slow
+def test_a_point_mass_kept_in_the_residual_fails_the_decoder_check(small_vocab_pair, monkeypatch):
+    """Negative control of the test above: a rejected grafted token left in the residual is over-committed."""
+    from arborspec.engine import verifiers
+
+    def kept(r, y, generator):
+        return verifiers._uniform(generator) < float(r[y]), r
+
+    monkeypatch.setattr(verifiers, "_point_mass_round", kept)
+    cfg = SamplingConfig(0.8)
+    p1, _ = exact_first_two(small_vocab_pair[0], GRAFTED_PROMPT, cfg)
+    c1, _ = first_two_counts(lookup_decoder(small_vocab_pair, "dyspec"), GRAFTED_PROMPT, cfg, RUNS)
+    assert_departs(c1, p1, what="dyspec with a point mass kept in the residual")
+
+
+@pytest.mark.parametrize("name", ["dyspec", "specinfer"])
+def test_the_rejection_verifiers_graft_too(small_vocab_pair, name):
+    """DySpec (rejection) and SpecInfer (rejection-wr) above temperature 0 get the lookup's chain grafted, accept
+    grafted tokens on some seeds, and calibrate only the draft's own nodes; at temperature 0 the output is plain
+    decoding's."""
+    dec = lookup_decoder(small_vocab_pair, name)
+    steps = []
+    for seed in range(6):
+        out = dec.generate(LOOPING, DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(0.8), seed=seed))
+        assert out.config["verifier"] == ("rejection" if name == "dyspec" else "rejection-wr")
+        steps += out.steps
+    assert steps[0].lookup_nodes > 0 and sum(s.lookup_accepted for s in steps) > 0
+    assert all(p > 0 for s in steps for p in s.examined_draft_probs)
+    greedy = DecodeConfig(max_new_tokens=16)
+    plain = autoregressive_generate(ModelAdapter(small_vocab_pair[0]), LOOPING, greedy)
+    out = dec.generate(LOOPING, greedy)
+    assert out.output_ids == plain.output_ids and sum(s.lookup_nodes for s in out.steps) > 0
 
 
 def test_bad_lookup_values_are_refused(tiny_pair):

@@ -92,8 +92,8 @@ class SpeculativeGenerator:
         `compile`: run the target's decoder through `torch.compile` (one-off compilation on the
         first forwards).
         `lookup`: graft up to this many tokens copied from earlier in the context onto each tree
-        (0: off; greedy and sample-and-match verification only, `engine/lookup.py`); never changes
-        the output.
+        (0: off; with every verifier, `engine/lookup.py`); never changes the output's
+        distribution.
         `pair`: a pair loaded elsewhere (`load_pair`); then target, draft, dtype and placement are
         its own.
         `announce`: called with `describe()`'s line once the settings are chosen, before any model

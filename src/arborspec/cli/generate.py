@@ -105,8 +105,8 @@ def generate(
         "--lookup",
         help="graft up to this many tokens "
         "copied from earlier in the context onto each tree "
-        "(default 6; 0: off; T = 0 or sample-and-match "
-        "verification; never changes the output)",
+        "(default 6; 0: off; never changes the output's "
+        "distribution)",
     ),
     compare_ar: bool = typer.Option(
         False,

@@ -17,7 +17,7 @@ One step:
      waits while the others run up to their own next request, so each round of draft forwards is
      one batched forward for every builder waiting (`BatchDrafter.expand`). A `SharedBudget`
      grows the trees of its requests from one heap instead (builders/shared_budget.py);
-  4. context lookup grafts its proposals where the request's verifier allows;
+  4. context lookup grafts its proposals onto the trees (engine/lookup.py);
   5. one target forward verifies every tree (engine/batch_target.py);
   6. each request's verifier walks its own tree; its caches keep its root and accepted path;
      a request that ends (EOS, stop check, `max_new_tokens`, cancellation) leaves the batch and
@@ -58,7 +58,7 @@ from .lookup import ContextLookup, graft
 from .processors import PathProcessor, ProcessedRows
 from .stats import GenerationResult, StepStats
 from .tree import TokenTree
-from .verifiers import ANY_TREE, VERIFIERS, choose_verifier
+from .verifiers import VERIFIERS, choose_verifier
 
 
 @dataclass
@@ -86,9 +86,7 @@ class RequestHandle:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.draft_cfg = cfg.sampling.draft_side()
         self.acceptance = AcceptanceModel()
-        self.lookup = (
-            ContextLookup(request.lookup) if request.lookup and verifier in ANY_TREE else None
-        )
+        self.lookup = ContextLookup(request.lookup) if request.lookup else None
         self.committed = list(request.prompt_ids)
         self.output: list[int] = []
         self.steps: list[StepStats] = []
@@ -230,7 +228,7 @@ class BatchDecoder:
         verifier = choose_verifier(mode, cfg.sampling, request.verifier)
         depth = 0
         if builder is not None:
-            depth = max(builder.depth_limit, request.lookup if verifier in ANY_TREE else 0) + 1
+            depth = max(builder.depth_limit, request.lookup) + 1
             check_context(len(request.prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
         check_context(len(request.prompt_ids), cfg, self.adapter.max_positions, depth)
         handle = RequestHandle(next(self._keys), request, verifier)
@@ -533,12 +531,10 @@ class BatchDecoder:
         self, h, tree, result, kept, grafted, times, draft_time, forwards, head_time, accepted
     ) -> StepStats:
         t0, t1, t2, t3 = times
-        kids, flags, ranks = examined_children(tree, result)
-        if grafted:  # grafted nodes have no draft probability
-            own = [i for i, k in enumerate(kids) if k < grafted[0]]
-            kids, flags, ranks = ([kids[i] for i in own], [flags[i] for i in own], [ranks[i] for i in own])
+        kids, flags, ranks = examined_children(tree, result)  # grafted nodes left out
+        lookup_accepted = sum(1 for n in kept if n in tree.point_masses)
         h.lookup_proposed += len(grafted)
-        h.lookup_accepted += sum(1 for n in kept if grafted and n >= grafted[0])
+        h.lookup_accepted += lookup_accepted
         examined = [tree.draft_probs[k] for k in kids]
         if h.speculative:
             h.acceptance.update(examined, flags, ranks)
@@ -556,5 +552,5 @@ class BatchDecoder:
             examined_values=[tree.values[k] for k in kids],
             examined_accepted=flags,
             lookup_nodes=len(grafted),
-            lookup_accepted=sum(1 for n in kept if grafted and n >= grafted[0]),
+            lookup_accepted=lookup_accepted,
         )

@@ -34,7 +34,7 @@ from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationInterrupted, GenerationResult, StepStats
 from .tree import TokenTree
-from .verifiers import ANY_TREE, VERIFIERS, VerifyResult, choose_verifier
+from .verifiers import VERIFIERS, VerifyResult, choose_verifier
 
 TokenCallback = Callable[[list[int]], None]
 # the sequence so far (prompt + new tokens) -> stop after its last token
@@ -98,10 +98,12 @@ def examined_children(
     tree: TokenTree, result: VerifyResult
 ) -> tuple[list[int], list[bool], list[int]]:
     """Children of every node the verifier stood on, whether each was accepted, and each
-    one's sibling rank."""
+    one's sibling rank: the draft's proposals, which the acceptance model calibrates. Point masses
+    (grafted nodes, engine/lookup.py) are left out: they have no draft probability."""
     nodes, flags, ranks, accepted = [], [], [], set(result.accepted)
     for parent in [0] + result.accepted:
-        for rank, kid in enumerate(tree.children[parent]):
+        drafted = [kid for kid in tree.children[parent] if kid not in tree.point_masses]
+        for rank, kid in enumerate(drafted):
             nodes.append(kid)
             flags.append(kid in accepted)
             ranks.append(rank)
@@ -136,8 +138,8 @@ class SpeculativeDecoder:
         earlier generations; False makes every generation reproducible from its seed alone.
 
         `lookup`: graft up to this many tokens copied from earlier in the context onto every tree
-        (`engine/lookup.py`; 0: none), wherever the verifier is one that any tree is lossless for
-        (greedy, sample-and-match); with the rejection verifiers nothing is grafted."""
+        (`engine/lookup.py`; 0: none), whatever the verifier: the rejection verifiers judge the
+        grafted nodes as point-mass proposals (docs/algorithms.md §9)."""
         if lookup < 0:
             raise ArborError(f"lookup must be >= 0 tokens (0: off), got {lookup}")
         check_vocab_size(drafter.vocab_size, target.vocab_size)
@@ -160,9 +162,7 @@ class SpeculativeDecoder:
             self.builder.children_mode, cfg.sampling, self.requested_verifier
         )
         verify = VERIFIERS[verifier_name]
-        self.context_lookup = (
-            ContextLookup(self.lookup) if self.lookup and verifier_name in ANY_TREE else None
-        )
+        self.context_lookup = ContextLookup(self.lookup) if self.lookup else None
         depth = max(self.builder.depth_limit, self.lookup if self.context_lookup else 0) + 1
         check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
         check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
@@ -282,15 +282,8 @@ class SpeculativeDecoder:
         if on_tokens is not None:
             on_tokens(new)
         t3 = clock(self.target.device)
+        # the acceptance model calibrates the draft's probabilities: grafted nodes are left out
         kids, flags, ranks = examined_children(tree, result)
-        # the acceptance model calibrates the draft's probabilities: grafted nodes have none
-        if grafted:
-            own = [i for i, k in enumerate(kids) if k < grafted[0]]
-            kids, flags, ranks = (
-                [kids[i] for i in own],
-                [flags[i] for i in own],
-                [ranks[i] for i in own],
-            )
         # LM-head rows the verifier computed: part of verification
         head_time = getattr(logits, "seconds", 0.0)
         examined_probs = [tree.draft_probs[k] for k in kids]
@@ -311,7 +304,7 @@ class SpeculativeDecoder:
                 examined_values=[tree.values[k] for k in kids],
                 examined_accepted=flags,
                 lookup_nodes=len(grafted),
-                lookup_accepted=sum(1 for n in kept if grafted and n >= grafted[0]),
+                lookup_accepted=sum(1 for n in kept if n in tree.point_masses),
             )
         )
         return stop

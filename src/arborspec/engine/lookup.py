@@ -10,11 +10,14 @@ hangs them under the root of the tree a builder made, walking down the children 
 where they hold the chain's next token and adding nodes for the rest. The target verifies the
 grafted nodes with the others in the same forward (docs/algorithms.md §9).
 
-Lossless only where the verifier never reads draft probabilities: greedy (T = 0) and
-target-sample-and-match, which are lossless for any tree (`verifiers.ANY_TREE`). The rejection
-verifiers replay the distribution each node's children were drawn from, which a grafted node was
-not, so the decoder grafts nothing for them. Grafted nodes carry value 0 and draft probability 0,
-and the decoder leaves them out of the acceptance model's calibration.
+Lossless with every verifier. Greedy (T = 0) and target-sample-and-match never read draft
+probabilities, so any tree is lossless for them. The rejection verifiers replay the distribution
+each node's children were drawn from, which a grafted node was not drawn from: `graft` lists the
+nodes it adds in `tree.point_masses`, and those verifiers judge each as a candidate proposed by a
+point mass on its token, after the drawn children of its parent (accepted with probability R[g],
+g then taken out of the residual R; `verifiers.py`, docs/algorithms.md §9). A chain token that a
+drawn child already holds is that child, judged once, as drawn. Grafted nodes carry value 0 and
+draft probability 0, and the decoder leaves them out of the acceptance model's calibration.
 """
 
 from __future__ import annotations
@@ -61,13 +64,14 @@ class ContextLookup:
 
 def graft(tree: TokenTree, chain: list[int]) -> list[int]:
     """Hang `chain` under the root of `tree`: follow the child holding each next token while there
-    is one, then add the rest as new nodes (value 0, draft probability 0). Returns the indices
-    of the added nodes."""
+    is one, then add the rest as new nodes (value 0, draft probability 0), each listed in
+    `tree.point_masses`. Returns the indices of the added nodes."""
     node, added = 0, []
     for token in chain:
         child = next((c for c in tree.children[node] if tree.tokens[c] == token), None)
         if child is None:
             child = tree.add(node, token, 0.0, 0.0)
+            tree.point_masses.add(child)
             added.append(child)
         node = child
     return added

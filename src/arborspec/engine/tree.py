@@ -13,6 +13,10 @@ replacement). For a *selected* tree (top-k, rerank, classifier pruning) no
 distribution is needed: such a tree is verified greedily or by
 target-sample-and-match (see `verifiers.py`).
 
+Nodes added after the builder, from outside its draws (the context lookup's grafted tokens,
+`lookup.py`), are in `point_masses`: each was proposed by a point mass on its own token, and the
+rejection verifiers judge it as such, after its parent's drawn children (docs/algorithms.md §9).
+
 Tree size = number of draft nodes, root excluded. Depth of the root = 0.
 """
 
@@ -38,10 +42,12 @@ class TokenTree:
     child_dists: dict[int, torch.Tensor] = field(default_factory=dict)
     # D(token | parent path) of each node (root: 1.0)
     draft_probs: list[float] = field(default_factory=list)
+    # nodes proposed by a point mass on their own token, not drawn from their parent's child_dists
+    point_masses: set[int] = field(default_factory=set)
 
     @classmethod
     def from_root(cls, root_token: int, children_mode: ChildrenMode = "selected") -> "TokenTree":
-        return cls([int(root_token)], [-1], [0], [1.0], [[]], children_mode, {}, [1.0])
+        return cls([int(root_token)], [-1], [0], [1.0], [[]], children_mode, {}, [1.0], set())
 
     # ------------------------------------------------------------------ building
     def add(self, parent: int, token: int, value: float = 0.0, draft_prob: float = 0.0) -> int:
@@ -121,6 +127,7 @@ class TokenTree:
             assert 0 <= p < i, f"node {i} has parent {p}: parents must precede children"
             assert self.depths[i] == self.depths[p] + 1
             assert i in self.children[p]
+        assert all(0 < i < n for i in self.point_masses), "a point mass must be a draft node"
         for node, kids in enumerate(self.children):
             toks = [self.tokens[k] for k in kids]
             if self.children_mode != "with_replacement":
@@ -130,8 +137,8 @@ class TokenTree:
     def subtree(self, keep: list[int]) -> "TokenTree":
         """A new tree of the root and the nodes `keep` (each node's parent must be kept too).
 
-        Node order, sibling order and the recorded draft distributions are kept, so a
-        sampled tree stays verifiable as long as each node keeps a *prefix* of its draws.
+        Node order, sibling order, the recorded draft distributions and the point masses are kept,
+        so a sampled tree stays verifiable as long as each node keeps a *prefix* of its draws.
         """
         keep = sorted(set(keep) - {0})
         out = TokenTree.from_root(self.tokens[0], self.children_mode)
@@ -147,6 +154,7 @@ class TokenTree:
             for n, d in self.child_dists.items()
             if n in new_of and out.children[new_of[n]]
         }
+        out.point_masses = {new_of[n] for n in self.point_masses if n in new_of}
         return out
 
     def permuted(self, order: list[int]) -> "TokenTree":
@@ -166,6 +174,7 @@ class TokenTree:
             children_mode=self.children_mode,
             child_dists={new_of[k]: v for k, v in self.child_dists.items()},
             draft_probs=[self.draft_probs[o] for o in order],
+            point_masses={new_of[n] for n in self.point_masses},
         )
         tree.validate()
         return tree

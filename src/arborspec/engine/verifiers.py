@@ -15,6 +15,14 @@ All four verifiers produce tokens distributed exactly as the target's
 | `rejection`     | children sampled *without* replacement from `child_dists[node]` and its residuals | Sequoia Alg. 1, DySpec Alg. 3 |
 | `rejection-wr`  | children sampled i.i.d. *with* replacement from `child_dists[node]` | SpecInfer |
 
+The rejection verifiers also take nodes added from outside the draws, such as the context
+lookup's grafted tokens (`lookup.py`), as long as the tree lists them in `point_masses`: each is a
+candidate proposed by a point mass on its own token. At a node they judge the drawn children
+first, in draw order, each against the distribution it was drawn from, then the point masses, each
+accepted with probability R[g] (its proposal puts mass 1 on g) and on rejection removed from the
+residual R. Every candidate is judged against its own proposal, fixed before its coin is tossed,
+so the committed token still follows the target (docs/algorithms.md §2, §9).
+
 Every random draw comes from the `torch.Generator` passed in. Only the target
 rows the walk visits are turned into probabilities.
 """
@@ -85,33 +93,69 @@ def _residual(r: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return res / total if total > RESIDUAL_EPS else r
 
 
+def _uniform(generator) -> float:
+    return float(torch.rand((), generator=generator, device=generator_device(generator)))
+
+
+def _judging_order(tree: TokenTree, node: int) -> list[int]:
+    """The children of `node` in the order a rejection verifier judges them: the drawn ones in
+    draw order, then the point masses. A point mass is grafted after the draws and only where no
+    draw holds its token, so whether it is there depends on the draws: judged last, that decision
+    is part of the history its round starts from (docs/algorithms.md §9)."""
+    kids = tree.children[node]
+    return [c for c in kids if c not in tree.point_masses] + [
+        c for c in kids if c in tree.point_masses
+    ]
+
+
+def _point_mass_round(r: torch.Tensor, y: int, generator) -> tuple[bool, torch.Tensor]:
+    """One round of speculative sampling against the proposal δ_y: accept y with probability
+    min(1, R[y] / δ_y[y]) = R[y]; on rejection the residual norm(max(R - δ_y, 0)), R with y
+    zeroed."""
+    if _uniform(generator) < float(r[y]):
+        return True, r
+    point = torch.zeros_like(r)
+    point[y] = 1.0
+    return False, _residual(r, point)
+
+
 def _rejection_rule(with_replacement: bool) -> NodeRule:
     def rule(probs, tree, node, generator):
-        if node not in tree.child_dists:
-            raise ArborError(
-                "a rejection verifier needs the draft distribution of every expanded node: "
-                "this tree was not built by sampling; use the greedy or sample-match verifier"
-            )
         r = probs.clone()
-        d = tree.child_dists[node].to(r.device, torch.float32).clone()
-        for child in tree.children[node]:
+        d = None  # the distribution the next drawn child came from
+        spent = False  # d has no mass left to have proposed further siblings from
+        for child in _judging_order(tree, node):
             y = tree.tokens[child]
+            if child in tree.point_masses:
+                accepted, r = _point_mass_round(r, y, generator)
+                if accepted:
+                    return child, y
+                continue
+            if spent:
+                continue
+            if d is None:
+                if node not in tree.child_dists:
+                    raise ArborError(
+                        "a rejection verifier needs the draft distribution of every expanded "
+                        "node: this tree was not built by sampling; use the greedy or "
+                        "sample-match verifier"
+                    )
+                d = tree.child_dists[node].to(r.device, torch.float32).clone()
             if d[y] <= 0:
                 raise RuntimeError(
                     f"child token {y} has draft probability 0: the tree was not "
                     "sampled from child_dists"
                 )
             # accept y with probability min(1, R[y] / D[y])
-            u = float(torch.rand((), generator=generator, device=generator_device(generator)))
-            if u * float(d[y]) < float(r[y]):
+            if _uniform(generator) * float(d[y]) < float(r[y]):
                 return child, y
             r = _residual(r, d)
             if not with_replacement:
                 d[y] = 0.0
                 total = float(d.sum())
-                if total <= 0:
-                    break  # no mass left to have proposed further siblings from
-                d /= total
+                spent = total <= 0
+                if not spent:
+                    d /= total
         return None, r
 
     return rule
@@ -153,8 +197,10 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
 # Which verifiers are lossless for each way of producing children (the pairing rule,
 # docs/algorithms.md §2). The rule holds for any draft distribution, including one that is zero
 # outside a reduced draft vocabulary (FR-Spec, the draft head's `vocab_ids`): rejection verifiers
-# replay the exact distribution the children were drawn from, and sample-match / greedy never read
-# draft probabilities (docs/algorithms.md §6).
+# replay the exact distribution the children were drawn from (a point mass for a node in
+# `point_masses`), and sample-match / greedy never read draft probabilities (docs/algorithms.md §6).
+# Nodes grafted after the builder (engine/lookup.py) keep every pairing lossless: greedy and
+# sample-match never read draft probabilities, the rejection verifiers judge them as point masses.
 LOSSLESS = {
     "without_replacement": {"rejection", "sample-match"},
     "with_replacement": {"rejection-wr", "sample-match"},
@@ -165,9 +211,6 @@ DEFAULT = {
     "with_replacement": "rejection-wr",
     "selected": "sample-match",
 }
-# Verifiers lossless for any tree, whatever proposed its nodes: they never read draft probabilities
-# (nodes may be added to a tree after its builder, engine/lookup.py).
-ANY_TREE = frozenset({"greedy", "sample-match"})
 
 
 def choose_verifier(children_mode: str, cfg: SamplingConfig, requested: str | None = None) -> str:
