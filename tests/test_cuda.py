@@ -334,11 +334,12 @@ def test_compaction_equals_a_fresh_prefill(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_caches_equal_a_fresh_prefill_after_generations(dtype):
     """After whole speculative generations (greedy and sampled, with lookup), target and draft caches =
-    a fresh prefill of the committed tokens; some steps kept several nodes (compaction moved rows)."""
+    a fresh prefill of the committed tokens; some steps kept several nodes (compaction moved rows), and
+    the sampled trees had grafted nodes."""
     from arborspec.engine.sampling import SamplingConfig
 
     model, draft = tiny_target(dtype), tiny_draft(dtype)
-    kept = []
+    kept, sampled_grafts = [], 0
     for name, params in [("sequoia", dict(shape=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])),
                          ("dyspec", dict(budget=16))]:
         for prompt, temperature in [(GREEDY_PROMPTS[0], 1.0), (GREEDY_PROMPTS[1], 0.0), (GREEDY_PROMPTS[1], 1.0)]:
@@ -348,6 +349,8 @@ def test_caches_equal_a_fresh_prefill_after_generations(dtype):
                                                           sampling=SamplingConfig(temperature)))
             assert len(res.steps) > 3
             kept += [s.accepted_length - 1 for s in res.steps]
+            if temperature > 0:  # the rejection verifiers judge grafted nodes as point masses
+                sampled_grafts += sum(s.lookup_nodes for s in res.steps)
             committed = list(prompt) + res.output_ids
             fresh_t = ModelAdapter(model)
             fresh_t.prefill(torch.tensor(committed[:-1]))
@@ -358,6 +361,7 @@ def test_caches_equal_a_fresh_prefill_after_generations(dtype):
             fresh_d.prefill(torch.tensor(committed[:n]))
             assert_caches_close(dec.drafter.lm.cache, fresh_d.cache, dtype)
     assert max(kept) >= 2, kept
+    assert sampled_grafts > 0  # sampled trees got lookup nodes too
 
 
 # --------------------------------------------------------------------------- (c) custom_generate
