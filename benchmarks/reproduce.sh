@@ -110,10 +110,10 @@ run 2 && say 2 "int8 MT-Bench, all methods" && bench mtbench-int8 --dtype int8 -
 # 3. HumanEval, first 10 problems, every method, T = 0.
 run 3 && say 3 "int8 HumanEval, all methods" && bench humaneval-int8 --dtype int8 --prompts humaneval \
   --num-prompts 10 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted $ALL
-# 4. The unmodified float32 model on the same MT-Bench selection: the default for a named model
-#    (DySpec 3 + lookup) and the papers' size against plain float32 decoding.
+# 4. The unmodified float32 model on the same MT-Bench selection, T = 0 and 0.6: the default for a
+#    named model (DySpec 3 + lookup) and the papers' size against plain float32 decoding.
 run 4 && say 4 "float32 MT-Bench" && bench mtbench-float32 --dtype float32 --prompts mt-bench \
-  --num-prompts 24 --max-new-tokens 128 --temperatures 0 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
+  --num-prompts 24 --max-new-tokens 128 --temperatures 0,0.6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
 #    The same weights named by their directory, as a user's own model runs with no option: float32,
 #    the n-gram draft (no head beside it) and the device's default tree.
 NAMED=${ARBORSPEC_CACHE:-$HOME/.cache/arborspec}/smollm2-135m-instruct
