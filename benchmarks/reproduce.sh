@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -208,6 +208,13 @@ if run 18; then
 fi
 # 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python).
 run 19 && say 19 "forward profile" && $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
+# 20. The sampled trees with context lookup: every method verified by rejection sampling (whose grafted
+#     tokens are judged as point-mass candidates, docs/algorithms.md §9), the same 24 MT-Bench questions
+#     x 128 tokens at T = 0.6, against plain int8 decoding: the README table's T = 0.6 cells of those methods.
+run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-lookup --dtype int8 \
+  --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0.6 \
+  -m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6 \
+  -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6
 # 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
 #     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
