@@ -206,8 +206,13 @@ if run 18; then
   bench llamacpp-int8 --dtype int8 --prompts mt-bench --num-prompts 24 --max-new-tokens 128 \
     --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
 fi
-# 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python).
-run 19 && say 19 "forward profile" && $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
+# 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python), and the
+#     kernels a faster path could use instead (float32 linears, float64 attention), one call at a time.
+if run 19; then
+  say 19 "forward profile"
+  $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
+  $P benchmarks/tools/kernel_probes.py --out "$RES/kernel-probes.json"
+fi
 # 20. The sampled trees with context lookup: every method verified by rejection sampling (whose grafted
 #     tokens are judged as point-mass candidates, docs/algorithms.md §9), the same 24 MT-Bench questions
 #     x 128 tokens at T = 0.6, against plain int8 decoding: the README table's T = 0.6 cells of those methods.

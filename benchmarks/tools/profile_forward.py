@@ -43,40 +43,46 @@ from arborspec.engine.cost import random_context
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_model
 
-# operator name (or a part of it) -> group; the first match wins
-GROUPS = (
+# operator -> group: fbgemm int8 and attention kernels by name prefix, the rest by exact name
+PREFIXES = (
     ("quantized::", "linears"),
-    ("aten::addmm", "linears"),
-    ("aten::mm", "linears"),
-    ("aten::linear", "linears"),
-    ("aten::matmul", "linears"),
-    ("scaled_dot_product", "attention"),
-    ("aten::_softmax", "attention"),
-    ("aten::amax", "activation quantisation"),
-    ("aten::abs", "activation quantisation"),
-    ("aten::clamp_min", "activation quantisation"),
-    ("aten::div", "activation quantisation"),
-    ("aten::mul_", "activation quantisation"),
-    ("aten::copy_", "cache writes and conversions"),
-    ("aten::_to_copy", "cache writes and conversions"),
-    ("aten::to", "cache writes and conversions"),
-    ("aten::index_select", "cache writes and conversions"),
-    ("aten::arange", "masks and positions"),
-    ("aten::ones", "masks and positions"),
-    ("aten::full", "masks and positions"),
-    ("aten::masked_fill", "masks and positions"),
-    ("aten::where", "masks and positions"),
-    ("aten::mul", "norms, rotary, activation, residual"),
-    ("aten::add", "norms, rotary, activation, residual"),
-    ("aten::pow", "norms, rotary, activation, residual"),
-    ("aten::mean", "norms, rotary, activation, residual"),
-    ("aten::rsqrt", "norms, rotary, activation, residual"),
-    ("aten::silu", "norms, rotary, activation, residual"),
-    ("aten::neg", "norms, rotary, activation, residual"),
-    ("aten::cat", "norms, rotary, activation, residual"),
-    ("aten::cos", "norms, rotary, activation, residual"),
-    ("aten::sin", "norms, rotary, activation, residual"),
+    ("aten::_scaled_dot_product", "attention"),
+    ("aten::scaled_dot_product", "attention"),
 )
+GROUPS = {
+    "aten::addmm": "linears",
+    "aten::mm": "linears",
+    "aten::linear": "linears",
+    "aten::matmul": "linears",
+    "aten::_softmax": "attention",
+    "aten::amax": "activation quantisation",
+    "aten::abs": "activation quantisation",
+    "aten::clamp_min": "activation quantisation",
+    "aten::clamp_min_": "activation quantisation",
+    "aten::div": "activation quantisation",
+    "aten::div_": "activation quantisation",
+    "aten::mul_": "activation quantisation",
+    "aten::copy_": "cache writes and conversions",
+    "aten::_to_copy": "cache writes and conversions",
+    "aten::to": "cache writes and conversions",
+    "aten::index_select": "cache writes and conversions",
+    "aten::arange": "masks and positions",
+    "aten::ones": "masks and positions",
+    "aten::full": "masks and positions",
+    "aten::masked_fill": "masks and positions",
+    "aten::where": "masks and positions",
+    "aten::mul": "norms, rotary, activation, residual",
+    "aten::add": "norms, rotary, activation, residual",
+    "aten::add_": "norms, rotary, activation, residual",
+    "aten::pow": "norms, rotary, activation, residual",
+    "aten::mean": "norms, rotary, activation, residual",
+    "aten::rsqrt": "norms, rotary, activation, residual",
+    "aten::silu": "norms, rotary, activation, residual",
+    "aten::neg": "norms, rotary, activation, residual",
+    "aten::cat": "norms, rotary, activation, residual",
+    "aten::cos": "norms, rotary, activation, residual",
+    "aten::sin": "norms, rotary, activation, residual",
+}
 SUBMODULES = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 
 
@@ -88,7 +94,8 @@ def star(context: list[int], n: int) -> TokenTree:
 
 
 def group_of(name: str) -> str:
-    return next((g for key, g in GROUPS if key in name), "other operators")
+    prefixed = next((g for prefix, g in PREFIXES if name.startswith(prefix)), None)
+    return prefixed or GROUPS.get(name, "other operators")
 
 
 def one_forward(adapter: ModelAdapter, context: list[int], tree: TokenTree) -> None:

@@ -103,6 +103,8 @@ def _judging_order(tree: TokenTree, node: int) -> list[int]:
     draw holds its token, so whether it is there depends on the draws: judged last, that decision
     is part of the history its round starts from (docs/algorithms.md §9)."""
     kids = tree.children[node]
+    if not tree.point_masses:
+        return kids
     return [c for c in kids if c not in tree.point_masses] + [
         c for c in kids if c in tree.point_masses
     ]
@@ -114,9 +116,11 @@ def _point_mass_round(r: torch.Tensor, y: int, generator) -> tuple[bool, torch.T
     zeroed."""
     if _uniform(generator) < float(r[y]):
         return True, r
-    point = torch.zeros_like(r)
-    point[y] = 1.0
-    return False, _residual(r, point)
+    # norm(max(R - δ_y, 0)) is R with y zeroed (R[y] <= 1), renormalised; `_residual`'s fallback
+    res = r.clone()
+    res[y] = 0.0
+    total = float(res.sum())
+    return False, res / total if total > RESIDUAL_EPS else r
 
 
 def _rejection_rule(with_replacement: bool) -> NodeRule:
