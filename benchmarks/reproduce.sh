@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -220,6 +220,10 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
   --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0.6 \
   -m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6 \
   -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6
+# 21. A batched tree forward on the int8 target: the grouped float64 attention and the skipped padded rows,
+#     each against the forward without it, 4 and 8 requests, trees of even and uneven sizes.
+run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
+  --out "$RES/batch-forward-probes.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
 #     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"

@@ -13,9 +13,11 @@ from arborspec.common.hf_cache import cache_kwargs
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+import arborspec.engine.int8 as int8_module
+from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima, quantize_int8,
-                                   smooth)
-from arborspec.engine.invariant_attention import NAME
+                                   skip_padded_rows, smooth)
+from arborspec.engine.invariant_attention import NAME, attend_float64
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
@@ -85,6 +87,77 @@ def test_smoothing_fold_keeps_the_float_model():
     changed = (folded.model.layers[0].input_layernorm.weight - model.model.layers[0].input_layernorm.weight).abs().max()
     assert changed > 1e-3  # the scales really moved into the weights
     assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_rows_are_skipped_and_live_rows_keep_their_values(monkeypatch):
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(32, 24, bias=True)
+    q = Int8Linear(lin)
+    x = torch.randn(3, 4, 32)
+    live = torch.tensor([[True, True, True, False], [True, False, False, False], [True, True, False, False]])
+    full = q(x)
+    with skip_padded_rows(live):
+        skipped = q(x)
+    assert torch.equal(skipped[live], full[live])
+    assert torch.equal(skipped[~live], lin.bias.detach().expand(int((~live).sum()), 24))  # no product
+    # mostly live rows: the plain product over every row
+    with skip_padded_rows(torch.ones(3, 4, dtype=torch.bool).index_put_((torch.tensor(0), torch.tensor(3)), torch.tensor(False))):
+        assert torch.equal(q(x), full)
+    # outside the block, and for a tensor of another row count inside it, every row is computed
+    assert torch.equal(q(x), full)
+    with skip_padded_rows(live):
+        assert torch.equal(q(x[0]), full[0])
+
+
+@pytest.mark.parametrize("skip_below", [0.0, 1.01])
+def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, monkeypatch, skip_below):
+    """Uneven trees in one batched forward (rows padded to the widest): every real row's hidden state is
+    the one its tree gets alone, with the padded rows' products skipped (1.01) or computed (0.0)."""
+    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", skip_below)
+    target = int8_pair[0]
+    prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44]}
+    trees = {}
+    for key, extra in (("a", [40, 41, 42, 43, 44]), ("b", []), ("c", [50])):
+        tree = TokenTree.from_root(prompts[key][-1])
+        parent = 0
+        for i, token in enumerate(extra):
+            parent = tree.add(0 if i % 2 else parent, token)
+        trees[key] = tree
+    batch = BatchTarget(ModelAdapter(target))
+    for key, ids in prompts.items():
+        batch.join(key, ids)
+    _, states, _ = batch.verify_forward(trees)
+    for key, tree in trees.items():
+        alone = BatchTarget(ModelAdapter(target))
+        alone.join(key, prompts[key])
+        _, own, _ = alone.verify_forward({key: tree})
+        assert torch.equal(states[key], own[key]), key
+
+
+@pytest.mark.parametrize("q_len", [1, 2, 5])
+def test_float64_attention_gives_each_query_row_its_value_alone(q_len):
+    """Grouped-query heads folded into rows (several query rows) or not: each query row's output equals
+    the row attended alone, bit for bit, with holes in the mask and a strided cache as the int8 target has."""
+    torch.manual_seed(q_len)
+    batch, heads, groups, dim, length = 3, 6, 2, 16, 40
+    query = torch.randn(batch, heads, q_len, dim)
+    buffers = [torch.randn(batch, groups, 64, dim, dtype=torch.float64) for _ in range(2)]
+    key, value = (b[:, :, :length] for b in buffers)  # views of larger buffers, as Float64Layer keeps them
+    allowed = torch.rand(batch, 1, q_len, length) < 0.7
+    allowed[..., -q_len:] = torch.eye(q_len, dtype=torch.bool)
+    mask = torch.zeros(batch, 1, q_len, length, dtype=torch.float64).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    grouped = attend_float64(query, key, value, mask, 0.25)
+    per_head = attend_float64(query, key, value, mask, 0.25, group_queries=False)
+    assert grouped.shape == (batch, q_len, heads, dim)
+    assert torch.equal(grouped, per_head)
+    for i in range(q_len):
+        alone = attend_float64(query[:, :, i: i + 1], key, value, mask[:, :, i: i + 1], 0.25)
+        assert torch.equal(grouped[:, i], alone[:, 0]), i
+    # a mask that differs per head is passed through per head
+    head_mask = mask.expand(batch, heads, q_len, length).clone()
+    head_mask[:, 0] = 0.0
+    assert torch.equal(attend_float64(query, key, value, head_mask, 0.25),
+                       attend_float64(query, key, value, head_mask, 0.25, group_queries=False))
 
 
 def test_int8_forward_is_bitwise_batch_invariant(int8_pair):

@@ -17,6 +17,7 @@ from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
 from .adapter import ModelAdapter, decoder_hidden
 from .batch_rows import BatchRows, RowFeed
+from .int8 import skip_padded_rows
 from .lm_head import LazyLogits
 from .tree import TokenTree
 
@@ -82,12 +83,16 @@ class BatchTarget:
         decoder = adapter.model.get_decoder()
         layout, dtype = adapter.layout, adapter.dtype
 
+        sizes = torch.tensor([len(f.tokens) for f in feeds])
+
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            out = decoder(
-                input_ids=ids, attention_mask=mask, position_ids=pos,
-                **cache_kwargs(decoder, rows.cache), use_cache=True,
-            )
+            # a row's padding (a smaller tree than the widest) costs no int8 product
+            with skip_padded_rows(torch.arange(ids.shape[1]) < sizes[:, None]):
+                out = decoder(
+                    input_ids=ids, attention_mask=mask, position_ids=pos,
+                    **cache_kwargs(decoder, rows.cache), use_cache=True,
+                )
             return decoder_hidden(out)
 
         hidden, width = rows.feed(run, feeds)

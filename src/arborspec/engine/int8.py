@@ -31,6 +31,9 @@ has deprecated): torchao's CPU int8 configurations were either slower than float
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -77,12 +80,55 @@ def int8_rows_product(
     return y.mul_(scale), scaled, scale
 
 
+@dataclass(frozen=True)
+class LiveRows:
+    """Which rows of a forward's `[B, N]` inputs are real (`index`, ascending, into the `total`
+    flattened rows); the rest are padding whose outputs nothing reads."""
+
+    index: torch.Tensor
+    total: int
+
+
+_LIVE_ROWS: ContextVar[LiveRows | None] = ContextVar("arborspec_int8_live_rows", default=None)
+
+# Skip padded rows only when enough of them are padding to pay for the gather and the scatter
+# around each product (benchmarks/tools/batch_forward_probes.py).
+SKIP_PADDING_BELOW = 0.5
+
+
+@contextmanager
+def skip_padded_rows(live: torch.Tensor):
+    """Within this block, the int8 linears multiply only the rows where `live` (`[B, N]` bool,
+    the shape of the forward's inputs) is true and give the others zeros (plus the bias).
+
+    A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
+    every row is quantised and summed on its own (module doc), so a product over fewer rows
+    gives each of them the same values. Nothing happens when most rows are real.
+    """
+    flat = live.reshape(-1)
+    count = int(flat.sum())
+    if count >= SKIP_PADDING_BELOW * flat.numel():
+        yield
+        return
+    token = _LIVE_ROWS.set(LiveRows(torch.nonzero(flat)[:, 0].cpu(), flat.numel()))
+    try:
+        yield
+    finally:
+        _LIVE_ROWS.reset(token)
+
+
 def int8_rows_linear(
     x: torch.Tensor, packed, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
     """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products
-    summed in integers."""
-    y = int8_rows_product(x.reshape(-1, x.shape[-1]).float(), packed)[0]
+    summed in integers (only the live rows inside `skip_padded_rows`)."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    live = _LIVE_ROWS.get()
+    if live is not None and live.total == rows.shape[0]:
+        y = rows.new_zeros(rows.shape[0], out_features)
+        y.index_copy_(0, live.index, int8_rows_product(rows.index_select(0, live.index), packed)[0])
+    else:
+        y = int8_rows_product(rows, packed)[0]
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], out_features).to(x.dtype)

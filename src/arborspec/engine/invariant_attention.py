@@ -45,7 +45,7 @@ def float64_attention(
     """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]`
     (transformers' layout).
 
-    PyTorch's fused attention kernel in float64 (grouped-query heads without copies).
+    PyTorch's fused attention kernel in float64 (`attend_float64`).
     """
     q_len, length = query.shape[2], key.shape[2]
     mask = None
@@ -58,15 +58,50 @@ def float64_attention(
             torch.arange(length, device=query.device)[None, :]
             <= torch.arange(length - q_len, length, device=query.device)[:, None]
         )
-    out = F.scaled_dot_product_attention(
-        query.double(),
-        key.double(),
-        value.double(),
-        attn_mask=mask,
-        scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return attend_float64(query, key, value, mask, scaling), None
+
+
+def attend_float64(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    group_queries: bool = True,
+) -> torch.Tensor:
+    """The fused kernel in float64, rounded to the query's dtype once: `[B, Q, H, D]`.
+
+    With several query rows and grouped-query heads (`group_queries`), the query heads that share
+    a key/value head become rows of one attention over it (`[B, Hkv, H / Hkv * Q, D]`): the
+    kernel then reads each key/value head once instead of once per query head, which is what a
+    batch of trees pays for (`benchmarks/tools/batch_forward_probes.py`). Every query row's result
+    is the same float64 computation either way up to the kernel's summation order, so it rounds
+    to the same float32 value (module doc). One row (plain decoding) keeps the per-head call.
+    """
+    batch, heads, q_len, dim = query.shape
+    groups, length = key.shape[1], key.shape[2]
+    per_head_mask = mask is not None and mask.dim() == 4 and mask.shape[1] != 1
+    if group_queries and q_len > 1 and heads != groups and not per_head_mask:
+        per = heads // groups
+        if mask is not None:
+            mask = mask.expand(batch, per, q_len, length).reshape(batch, 1, per * q_len, length)
+        out = F.scaled_dot_product_attention(
+            query.double().reshape(batch, groups, per * q_len, dim),
+            key.double(),
+            value.double(),
+            attn_mask=mask,
+            scale=scaling,
+        ).view(batch, heads, q_len, dim)
+    else:
+        out = F.scaled_dot_product_attention(
+            query.double(),
+            key.double(),
+            value.double(),
+            attn_mask=mask,
+            scale=scaling,
+            enable_gqa=heads != groups,
+        )
+    return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
 def use_float64_attention(model) -> None:

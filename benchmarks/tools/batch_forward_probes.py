@@ -1,0 +1,138 @@
+"""What two options of the int8 target's batched tree forward save (docs/evaluation.md (i)).
+
+    .venv/bin/python benchmarks/tools/batch_forward_probes.py \
+        --out benchmarks/results/batch-forward-probes.json
+
+The embedded target in int8; `--requests` MT-Bench prompts (first turns, the stratified selection)
+join one batch (engine/batch_target.py), then, for each pattern of tree sizes (one star tree per
+request, root included), one batched forward of every tree followed by the step's compaction (each
+row keeps its root), as a step of batched decoding runs it. Three variants of the forward, timed in
+turn within each round so that drift on the machine hits them alike:
+
+* `default`: what the engine runs: the float64 attention with the query heads of a key/value group
+  folded into rows (`invariant_attention.attend_float64`), and padded rows skipped by the int8
+  linears when at most `SKIP_PADDING_BELOW` of the rows are real (`int8.skip_padded_rows`);
+* `per-head attention`: the fused kernel called per query head (`group_queries=False`);
+* `padding computed`: every padded row goes through the int8 products.
+
+Each pattern's figures: the median milliseconds per forward of each variant over `--rounds` rounds,
+and each variant's median ratio to `default` over the rounds (paired, round by round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface
+
+import arborspec.engine.int8 as int8
+from arborspec.bench.prompts import conversation, load_prompts
+from arborspec.common.chat import encode_messages
+from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.engine.batch_target import BatchTarget
+from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
+from arborspec.engine.tree import TokenTree
+from arborspec.models import load_pair
+
+PATTERNS = {
+    4: ["1,1,1,1", "2,2,2,2", "4,1,2,3", "6,3,1,2", "10,3,6,1", "10,10,10,10"],
+    8: [
+        "1,1,1,1,1,1,1,1",
+        "2,2,2,2,2,2,2,2",
+        "4,1,1,1,2,1,3,1",
+        "7,1,1,1,1,1,1,1",
+        "3,3,3,1,2,1,1,1",
+    ],
+}
+
+
+def per_head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+    length = key.shape[2]
+    mask = None if attention_mask is None else attention_mask[..., :length].double()
+    return attend_float64(query, key, value, mask, scaling, group_queries=False), None
+
+
+def star(root: int, size: int) -> TokenTree:
+    tree = TokenTree.from_root(root)
+    for j in range(size - 1):
+        tree.add(0, 100 + j)
+    return tree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", default="4,8")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/batch-forward-probes.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_pair(dtype="int8", draft="embedded-head")
+    counts = [int(c) for c in args.requests.split(",")]
+    prompts = load_prompts("mt-bench", max(counts))
+    ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
+    skip_below = int8.SKIP_PADDING_BELOW
+
+    def variant(name: str) -> None:
+        per_head = name == "per-head attention"
+        AttentionInterface.register(NAME, per_head_attention if per_head else float64_attention)
+        int8.SKIP_PADDING_BELOW = 0.0 if name == "padding computed" else skip_below
+
+    names = ["default", "per-head attention", "padding computed"]
+    results = []
+    for count in counts:
+        batch = BatchTarget(pair.target)
+        for k in range(count):
+            batch.join(k, ids[k])
+
+        def forward(sizes: list[int]) -> float:
+            trees = {k: star(ids[k][-1], sizes[k]) for k in range(count)}
+            t0 = time.perf_counter()
+            _, _, width = batch.verify_forward(trees)
+            batch.keep({k: [] for k in range(count)}, width)
+            return time.perf_counter() - t0
+
+        for pattern in PATTERNS.get(count, ["1," * (count - 1) + "1"]):
+            sizes = [int(s) for s in pattern.split(",")]
+            times: dict[str, list[float]] = {n: [] for n in names}
+            for name in names:
+                variant(name)
+                forward(sizes)
+            for r in range(args.rounds):
+                for name in names[r % 3:] + names[: r % 3]:
+                    variant(name)
+                    times[name].append(forward(sizes))
+            variant("default")
+            base = times["default"]
+            row = {
+                "requests": count,
+                "tree_sizes": sizes,
+                "live_rows": sum(sizes) / (count * max(sizes)),
+                "ms": {n: round(statistics.median(t) * 1e3, 2) for n, t in times.items()},
+                "ratio_to_default": {
+                    n: round(statistics.median(a / b for a, b in zip(times[n], base)), 3)
+                    for n in names[1:]
+                },
+            }
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    out = {
+        "measured": utc_timestamp(),
+        "machine": machine_info(),
+        "versions": versions(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "skip_padding_below": skip_below,
+        "prompt_tokens": [len(i) for i in ids],
+        "results": results,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
