@@ -95,18 +95,19 @@ def test_padded_rows_are_skipped_and_live_rows_keep_their_values(monkeypatch):
     q = Int8Linear(lin)
     monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 0.5)  # skipped when fewer than half are real
     x = torch.randn(3, 4, 32)
-    live = torch.tensor([[True, True, False, False], [True, False, False, False], [True, True, False, False]])
+    sizes = [2, 1, 2]  # real tokens at the start of each row of 4
+    live = torch.arange(4) < torch.tensor(sizes)[:, None]
     full = q(x)
-    with skip_padded_rows(live):
+    with skip_padded_rows(sizes, 4):
         skipped = q(x)
     assert torch.equal(skipped[live], full[live])
     assert torch.equal(skipped[~live], lin.bias.detach().expand(int((~live).sum()), 24))  # no product
     # mostly live rows: the plain product over every row
-    with skip_padded_rows(torch.ones(3, 4, dtype=torch.bool).index_put_((torch.tensor(0), torch.tensor(3)), torch.tensor(False))):
+    with skip_padded_rows([3, 4, 4], 4):
         assert torch.equal(q(x), full)
     # outside the block, and for a tensor of another row count inside it, every row is computed
     assert torch.equal(q(x), full)
-    with skip_padded_rows(live):
+    with skip_padded_rows(sizes, 4):
         assert torch.equal(q(x[0]), full[0])
 
 

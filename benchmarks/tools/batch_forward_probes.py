@@ -12,7 +12,8 @@ turn within each round so that drift on the machine hits them alike:
 * `default`: what the engine runs: the float64 attention with the query heads of a key/value group
   folded into rows (`invariant_attention.attend_float64`), and padded rows skipped by the int8
   linears when at most `SKIP_PADDING_BELOW` of the rows are real (`int8.skip_padded_rows`);
-* `per-head attention`: the fused kernel called per query head (`group_queries=False`);
+* `per-head attention`: the fused kernel called per query head (`float64_attention` with
+  `group_queries=False`);
 * `padding computed`: every padded row goes through the int8 products.
 
 Each pattern's figures: the median milliseconds per forward of each variant over `--rounds` rounds,
@@ -25,7 +26,7 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
+from functools import partial
 
 import torch
 from transformers import AttentionInterface
@@ -33,9 +34,10 @@ from transformers import AttentionInterface
 import arborspec.engine.int8 as int8
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
+from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
+from arborspec.engine.invariant_attention import NAME, float64_attention
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
@@ -49,12 +51,6 @@ PATTERNS = {
         "3,3,3,1,2,1,1,1",
     ],
 }
-
-
-def per_head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-    length = key.shape[2]
-    mask = None if attention_mask is None else attention_mask[..., :length].double()
-    return attend_float64(query, key, value, mask, scaling, group_queries=False), None
 
 
 def star(root: int, size: int) -> TokenTree:
@@ -80,7 +76,8 @@ def main() -> None:
 
     def variant(name: str) -> None:
         per_head = name == "per-head attention"
-        AttentionInterface.register(NAME, per_head_attention if per_head else float64_attention)
+        attention = partial(float64_attention, group_queries=False) if per_head else float64_attention
+        AttentionInterface.register(NAME, attention)
         int8.SKIP_PADDING_BELOW = 0.0 if name == "padding computed" else skip_below
 
     names = ["default", "per-head attention", "padding computed"]
@@ -131,7 +128,7 @@ def main() -> None:
         "prompt_tokens": [len(i) for i in ids],
         "results": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json_atomic(out, args.out)
 
 
 if __name__ == "__main__":

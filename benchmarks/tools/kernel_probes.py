@@ -20,11 +20,11 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 
 
@@ -124,8 +124,7 @@ def main() -> None:
         "versions": versions(),
         "timestamp": utc_timestamp(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json_atomic(result, args.out)
     print(f"wrote {args.out}")
 
 

@@ -32,11 +32,11 @@ import json
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.cost import random_context
@@ -209,8 +209,7 @@ def main() -> None:
         "versions": versions(),
         "timestamp": utc_timestamp(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json_atomic(out, args.out)
     print(f"wrote {args.out}")
 
 

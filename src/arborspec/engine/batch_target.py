@@ -83,12 +83,12 @@ class BatchTarget:
         decoder = adapter.model.get_decoder()
         layout, dtype = adapter.layout, adapter.dtype
 
-        sizes = torch.tensor([len(f.tokens) for f in feeds])
+        sizes = [len(f.tokens) for f in feeds]
 
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
             # a row's padding (a smaller tree than the widest) costs no int8 product
-            with skip_padded_rows(torch.arange(ids.shape[1]) < sizes[:, None]):
+            with skip_padded_rows(sizes, ids.shape[1]):
                 out = decoder(
                     input_ids=ids, attention_mask=mask, position_ids=pos,
                     **cache_kwargs(decoder, rows.cache), use_cache=True,

@@ -82,8 +82,8 @@ def int8_rows_product(
 
 @dataclass(frozen=True)
 class LiveRows:
-    """Which rows of a forward's `[B, N]` inputs are real (`index`, ascending, into the `total`
-    flattened rows); the rest are padding whose outputs nothing reads."""
+    """Which rows of a forward's flattened `[B, N]` inputs are real (`index`, ascending, into the
+    `total` rows); the rest are padding whose outputs nothing reads."""
 
     index: torch.Tensor
     total: int
@@ -97,20 +97,21 @@ SKIP_PADDING_BELOW = 0.5
 
 
 @contextmanager
-def skip_padded_rows(live: torch.Tensor):
-    """Within this block, the int8 linears multiply only the rows where `live` (`[B, N]` bool,
-    the shape of the forward's inputs) is true and give the others zeros (plus the bias).
+def skip_padded_rows(sizes: list[int], width: int):
+    """Within this block, the int8 linears of a forward of `[len(sizes), width]` inputs, whose row
+    b holds `sizes[b]` real tokens followed by padding, multiply only the real rows and give the
+    padded ones zeros (plus the bias).
 
     A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
     every row is quantised and summed on its own (module doc), so a product over fewer rows
     gives each of them the same values. Nothing happens when most rows are real.
     """
-    flat = live.reshape(-1)
-    count = int(flat.sum())
-    if count >= SKIP_PADDING_BELOW * flat.numel():
+    total = len(sizes) * width
+    if sum(sizes) >= SKIP_PADDING_BELOW * total:
         yield
         return
-    token = _LIVE_ROWS.set(LiveRows(torch.nonzero(flat)[:, 0].cpu(), flat.numel()))
+    index = torch.cat([torch.arange(size) + b * width for b, size in enumerate(sizes)])
+    token = _LIVE_ROWS.set(LiveRows(index, total))
     try:
         yield
     finally:

@@ -40,12 +40,13 @@ def float64_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    group_queries: bool = True,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query `[B, H, Q, D]`, key/value `[B, Hkv, L, D]` -> output `[B, Q, H, D]`
     (transformers' layout).
 
-    PyTorch's fused attention kernel in float64 (`attend_float64`).
+    PyTorch's fused attention kernel in float64 (`attend_float64`; `group_queries` as there).
     """
     q_len, length = query.shape[2], key.shape[2]
     mask = None
@@ -58,7 +59,7 @@ def float64_attention(
             torch.arange(length, device=query.device)[None, :]
             <= torch.arange(length - q_len, length, device=query.device)[:, None]
         )
-    return attend_float64(query, key, value, mask, scaling), None
+    return attend_float64(query, key, value, mask, scaling, group_queries), None
 
 
 def attend_float64(
@@ -81,27 +82,22 @@ def attend_float64(
     batch, heads, q_len, dim = query.shape
     groups, length = key.shape[1], key.shape[2]
     per_head_mask = mask is not None and mask.dim() == 4 and mask.shape[1] != 1
-    if group_queries and q_len > 1 and heads != groups and not per_head_mask:
+    grouped = group_queries and q_len > 1 and heads != groups and not per_head_mask
+    q = query.double()
+    if grouped:
         per = heads // groups
+        q = q.reshape(batch, groups, per * q_len, dim)
         if mask is not None:
             mask = mask.expand(batch, per, q_len, length).reshape(batch, 1, per * q_len, length)
-        out = F.scaled_dot_product_attention(
-            query.double().reshape(batch, groups, per * q_len, dim),
-            key.double(),
-            value.double(),
-            attn_mask=mask,
-            scale=scaling,
-        ).view(batch, heads, q_len, dim)
-    else:
-        out = F.scaled_dot_product_attention(
-            query.double(),
-            key.double(),
-            value.double(),
-            attn_mask=mask,
-            scale=scaling,
-            enable_gqa=heads != groups,
-        )
-    return out.to(query.dtype).transpose(1, 2).contiguous()
+    out = F.scaled_dot_product_attention(
+        q,
+        key.double(),
+        value.double(),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=not grouped and heads != groups,
+    )
+    return out.reshape(batch, heads, q_len, dim).to(query.dtype).transpose(1, 2).contiguous()
 
 
 def use_float64_attention(model) -> None:
