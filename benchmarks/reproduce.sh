@@ -229,7 +229,7 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
 #     each against the forward without it, 4 and 8 requests, trees of even and uneven sizes.
 run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
   --out "$RES/batch-forward-probes.json"
-# 15 (only with a GPU, not in the default steps): the CUDA tests and the embedded pair's bench on the
-#     GPU (benchmarks/results/gpu-h200-embedded/ ran with GPU_RUN_BENCH_TIMEOUT=60 GPU_RUN_TEST_TIMEOUT=150).
+# 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
+#     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
 exit 0

@@ -2,15 +2,18 @@
 # The GPU check in one run (from the repository root, which it finds itself): the machine and
 # versions, tests/test_cuda.py, then `arborspec bench` of the embedded pair on the GPU (float32,
 # the GPU default precision, then
-# float16): the GPU default method (DySpec, 32 draft nodes + lookup 6, defaults.py) and DySpec at 16
-# and 64 nodes against plain decoding, which the bench interleaves itself; 8 MT-Bench questions
-# (the stratified test selection: one per category), 128 new tokens, temperature 0.
+# float16): the GPU default method (DySpec, 16 draft nodes + lookup 6, defaults.py) and DySpec at 8
+# and 32 nodes against plain decoding, which the bench interleaves itself; 8 MT-Bench questions
+# (the stratified test selection: one per category), 128 new tokens, temperature 0; then
+# `arborspec bench-batch` in float32 (16 questions, 4 and 16 clients starting at once, a shared
+# budget and DySpec 16 per request against plain batched decoding).
 #
 #   benchmarks/tools/gpu_run.sh OUT [CACHE]
 #   benchmarks/tools/gpu_run.sh --export-prompts FILE   # the MT-Bench selection as JSONL (see below)
 #
 # OUT (default $OUT) receives everything: gpu-env.txt, cuda-tests.txt (+ .xml), bench-DTYPE.txt and
-# bench-DTYPE/ (results.jsonl, report.md, plots), summary.txt, status.txt (each phase's exit status
+# bench-DTYPE/ (results.jsonl, report.md, plots), batch.txt and batch-float32/, summary.txt,
+# status.txt (each phase's exit status
 # and seconds). CACHE (default $ARBORSPEC_CACHE) is the folder holding the converted embedded model,
 # CACHE/smollm2-135m-instruct/. A phase that fails is recorded and the next one still runs; the
 # script exits 1 if any phase failed. Each phase has a time limit (SIGINT first: the bench keeps what
@@ -25,9 +28,12 @@
 #   GPU_RUN_DEVICE=cuda         cpu runs the same phases on a CPU (to check the script itself)
 #   GPU_RUN_DTYPES="float32 float16"
 #   GPU_RUN_PROMPTS=8  GPU_RUN_TOKENS=128
-#   GPU_RUN_METHODS="-m dyspec:budget=32:lookup=6 -m dyspec:budget=16,64:lookup=6"
+#   GPU_RUN_METHODS="-m dyspec:budget=16:lookup=6 -m dyspec:budget=8,32:lookup=6"
 #   GPU_RUN_TESTS=1             0 skips the tests; GPU_RUN_PYTEST_ARGS adds pytest arguments (e.g. -k)
-#   GPU_RUN_TEST_TIMEOUT=160  GPU_RUN_BENCH_TIMEOUT=90   seconds (the bench's: per precision)
+#   GPU_RUN_BATCH=1             0 skips bench-batch; GPU_RUN_BATCH_CONCURRENCY=4,16
+#   GPU_RUN_BATCH_METHODS="-m shared:max_nodes=32:lookup=6 -m dyspec:budget=16:lookup=6"
+#   GPU_RUN_TEST_TIMEOUT=300  GPU_RUN_BENCH_TIMEOUT=130  GPU_RUN_BATCH_TIMEOUT=100   seconds (the
+#                               bench's: per precision)
 set -u
 
 PY=${PYTHON:-python3}
@@ -66,9 +72,12 @@ DEVICE=${GPU_RUN_DEVICE:-cuda}
 DTYPES=${GPU_RUN_DTYPES:-float32 float16}
 PROMPTS_N=${GPU_RUN_PROMPTS:-8}
 TOKENS=${GPU_RUN_TOKENS:-128}
-METHODS=${GPU_RUN_METHODS:--m dyspec:budget=32:lookup=6 -m dyspec:budget=16,64:lookup=6}
-TEST_TIMEOUT=${GPU_RUN_TEST_TIMEOUT:-160}
-BENCH_TIMEOUT=${GPU_RUN_BENCH_TIMEOUT:-90}
+METHODS=${GPU_RUN_METHODS:--m dyspec:budget=16:lookup=6 -m dyspec:budget=8,32:lookup=6}
+TEST_TIMEOUT=${GPU_RUN_TEST_TIMEOUT:-300}
+BENCH_TIMEOUT=${GPU_RUN_BENCH_TIMEOUT:-130}
+BATCH_TIMEOUT=${GPU_RUN_BATCH_TIMEOUT:-100}
+BATCH_CONCURRENCY=${GPU_RUN_BATCH_CONCURRENCY:-4,16}
+BATCH_METHODS=${GPU_RUN_BATCH_METHODS:--m shared:max_nodes=32:lookup=6 -m dyspec:budget=16:lookup=6}
 CACHE_DIR=${ARBORSPEC_CACHE:-$HOME/.cache/arborspec}
 STATUS=$OUT/status.txt
 FAILED=0
@@ -167,6 +176,18 @@ for dtype in $DTYPES; do
     record "report-$dtype" "${PIPESTATUS[0]}" $((SECONDS - start))
   fi
 done
+
+# -------------------------------------------------------------------------------- 3b. bench-batch
+if [ "${GPU_RUN_BATCH:-1}" = 1 ]; then
+  start=$SECONDS
+  rm -rf "$OUT/batch-float32"
+  # shellcheck disable=SC2086  # BATCH_METHODS holds several options
+  timeout -s INT -k 20 "$BATCH_TIMEOUT" "$PY" -c "$CLI" bench-batch --device "$DEVICE" --dtype float32 \
+    --prompts "$PROMPTS" --num-prompts 16 --max-new-tokens "$TOKENS" --temperatures 0 \
+    --concurrency "$BATCH_CONCURRENCY" --arrival burst --warmup 0 $BATCH_METHODS \
+    --out "$OUT/batch-float32" 2>&1 | tee "$OUT/batch.txt"
+  record batch-float32 "${PIPESTATUS[0]}" $((SECONDS - start))
+fi
 
 # ------------------------------------------------------------------------------------ 4. summary
 # Per precision and method: prompts, tokens, seconds, tokens/s, speedup over plain decoding on the
