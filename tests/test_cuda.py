@@ -72,7 +72,7 @@ EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}, "c2t-chain": {"classifier"
 def extra(name: str) -> dict:
     """Builder parameters a builder needs on the tiny pair."""
     return EXTRA.get(name, {"classifier": "none", "beta": 0.05} if name.startswith("c2t") else {})
-# (budget, lookup) per run: a single node, a small tree, the GPU default size (defaults.py) with lookup
+# (budget, lookup) per run: a single node, a small tree, the papers' 32 nodes with lookup
 RUNS = ((1, 0), (8, 0), (32, 6))
 NEW = 24
 # |tree row - plain row| allowed, times max(1, the row's largest |logit|): float32 leaves summation

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from arborspec.api import SpeculativeGenerator
 from arborspec.cli import app
-from arborspec.defaults import (CPU_BUDGET, DEFAULT_LOOKUP, GPU_BUDGET, GPU_NOTE, Defaults, choose,
+from arborspec.defaults import (CPU_BUDGET, DEFAULT_LOOKUP, GPU_BUDGET, Defaults, choose,
                                 device_kind, resolve_dtype)
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
@@ -32,15 +32,14 @@ def no_gpu(monkeypatch):
 
 # ---------------------------------------------------------------------------------- the choice
 @pytest.mark.parametrize("device,embedded,expected", [
-    ("cpu", True, Defaults("dyspec", 3, 6, "int8", "cpu", ALL, True)),
-    ("cpu", False, Defaults("dyspec", 3, 6, "float32", "cpu", ALL, True)),
-    ("cuda", True, Defaults("dyspec", 32, 6, "float32", "gpu", ALL, False)),
-    ("cuda:1", False, Defaults("dyspec", 32, 6, "float32", "gpu", ALL, False)),
+    ("cpu", True, Defaults("dyspec", 3, 6, "int8", "cpu", ALL)),
+    ("cpu", False, Defaults("dyspec", 3, 6, "float32", "cpu", ALL)),
+    ("cuda", True, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
+    ("cuda:1", False, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
 ])
 def test_nothing_given_takes_the_device_defaults(device, embedded, expected):
     assert choose(device, embedded) == expected
-    assert (CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (3, 32, 6)
-    assert expected.note == ("" if expected.device == "cpu" else GPU_NOTE)
+    assert (CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (3, 16, 6)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -48,19 +47,19 @@ def test_nothing_given_takes_the_device_defaults(device, embedded, expected):
 def test_explicit_values_always_win(device, embedded):
     given = choose(device, embedded, method="opt-tree", budget=8, lookup=0, dtype="bfloat16")
     assert (given.method, given.budget, given.lookup, given.dtype) == ("opt-tree", 8, 0, "bfloat16")
-    assert given.chosen == () and given.measured and given.note == ""  # no default size chosen
+    assert given.chosen == ()  # nothing taken from the defaults
     auto = choose(device, embedded, budget="auto")
-    assert auto.budget == "auto" and auto.chosen == ("method", "lookup", "dtype") and auto.measured
+    assert auto.budget == "auto" and auto.chosen == ("method", "lookup", "dtype")
 
 
-@pytest.mark.parametrize("device,budget,measured", [("cpu", 3, True), ("cuda", 32, False)])
-def test_a_method_without_a_budget_gets_the_device_budget(device, budget, measured):
+@pytest.mark.parametrize("device,budget", [("cpu", 3), ("cuda", 16)])
+def test_a_method_without_a_budget_gets_the_device_budget(device, budget):
     d = choose(device, False, method="sequoia")
-    assert (d.method, d.budget, d.measured) == ("sequoia", budget, measured)
+    assert (d.method, d.budget) == ("sequoia", budget)
     assert d.chosen == ("budget", "lookup", "dtype")
     # builder parameters given without a budget define the tree themselves: no budget is imposed
     shaped = choose(device, False, method="sequoia", builder_params=True)
-    assert shaped.budget is None and "budget" not in shaped.chosen and shaped.measured
+    assert shaped.budget is None and "budget" not in shaped.chosen
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
@@ -93,7 +92,7 @@ def test_device_maps_run_on_a_gpu_when_they_name_one_or_a_strategy_finds_one(mon
         assert device_kind("cpu", "auto") == device_kind("cpu", "balanced") == kind
         assert device_kind("cpu", None, "0=10GiB,cpu=20GiB") == kind  # max_memory alone: auto
     d = choose("cpu", True, device_map="auto")
-    assert (d.device, d.budget, d.dtype, d.measured) == ("gpu", 32, "float32", False)
+    assert (d.device, d.budget, d.dtype) == ("gpu", 16, "float32")
 
 
 def test_a_bad_device_is_one_line():
@@ -124,7 +123,7 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
     monkeypatch.setattr("arborspec.api.load_pair", fake_load_pair)
     gen = SpeculativeGenerator()
     assert seen["args"][:4] == ("embedded", None, "cpu", "int8")  # the embedded target's fast path
-    assert gen.settings == Defaults("dyspec", 3, 6, "int8", "cpu", ALL, True)
+    assert gen.settings == Defaults("dyspec", 3, 6, "int8", "cpu", ALL)
     assert (gen.builder.name, gen.builder.budget, gen.decoder.lookup) == ("dyspec", 3, 6)
     named = SpeculativeGenerator(target="some/model", method="chain")
     assert seen["args"][:4] == ("some/model", None, "cpu", "float32")
@@ -133,14 +132,14 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
                                 dtype="bfloat16")
     assert seen["args"][3] == "bfloat16" and (mine.builder.budget, mine.decoder.lookup) == (2, 0)
     gpu = SpeculativeGenerator(device="cuda")
-    assert seen["args"][2:4] == ("cuda", "float32") and gpu.builder.budget == 32
-    assert gpu.describe().startswith(f"dyspec, 32 draft nodes + lookup 6 ({GPU_NOTE}) | target "
+    assert seen["args"][2:4] == ("cuda", "float32") and gpu.builder.budget == 16
+    assert gpu.describe().startswith("dyspec, 16 draft nodes + lookup 6 | target "
                                      "embedded SmolLM2-135M-Instruct (float32, cpu) | ")
 
 
 def test_the_generator_on_a_given_pair_takes_its_precision_and_stays_exact(tiny):
     gen = SpeculativeGenerator(pair=_pair(tiny))
-    assert gen.settings == Defaults("dyspec", 3, 6, "float32", "cpu", ALL[:3], True)
+    assert gen.settings == Defaults("dyspec", 3, 6, "float32", "cpu", ALL[:3])
     assert gen.describe() == ("dyspec, 3 draft nodes + lookup 6 | target tiny-target (float32, "
                               f"cpu) | draft tiny-draft | {BASELINE} float32 target")
     prompt = [1, 17, 42, 8, 23]

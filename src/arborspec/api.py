@@ -82,7 +82,7 @@ class SpeculativeGenerator:
     ) -> None:
         """`method`, `budget`, `lookup` (None) and `dtype` ("auto") default to the device's choice
         (`arborspec.defaults.choose`: on CPU dyspec with 3 draft nodes and a lookup of 6, int8 for
-        the embedded target; on a GPU 32 draft nodes, float32); a method given without a budget or
+        the embedded target; on a GPU 16 draft nodes, float32); a method given without a budget or
         builder parameters gets the device's default budget.
         `device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
@@ -196,8 +196,6 @@ class SpeculativeGenerator:
         nodes = f"{b.budget} draft nodes"
         size = f"auto-sized trees of at most {nodes}" if b.needs_cost else nodes
         method = f"{b.name}, {size}" + (f" + lookup {s.lookup}" if s.lookup else "")
-        if s.note:
-            method += f" ({s.note})"
         shown = f"{target} {EMBEDDED_TARGET_NAME}" if target == EMBEDDED_TARGET else target
         return (
             f"{method} | target {shown} ({precision}, {where}) | draft {draft} | "

@@ -6,10 +6,11 @@ The choice depends on where the target runs and which target it is:
   2-core CPU with the embedded pair: about 1.08x plain decoding in float32 and about 1.3x on
   the int8 target, where larger trees (the papers' 16-64 nodes) run slower than plain decoding
   (docs/algorithms.md §7, "The size that pays on a 2-core CPU").
-* **GPU** (any accelerator): `dyspec` with the papers' larger trees, 32 draft nodes, and the
-  same lookup. A GPU verifies a few dozen rows for about the price of one, which is what the
-  papers' sizes rely on; this project has not measured it (`measured=False`, and the CLI says
-  so where it prints the settings).
+* **GPU** (any accelerator): `dyspec` with 16 draft nodes and the same lookup. A GPU verifies
+  a few dozen rows for about the price of one, but drafting and building a tree are host work
+  that grows with its size: with the embedded pair in float32, 16 nodes ran 1.55x plain decoding
+  on an H200 (32: 1.42x, 64: 1.10x) and 1.58x on an H100 (8: 1.63x, 32: 1.42x), every output
+  identical (benchmarks/results/gpu-h100/).
 
 Precision `auto`: `int8` (the batch-invariant int8 target, engine/int8.py, the fast path on a
 CPU) for the embedded target on CPU without a device map; otherwise `float32`. A model the user
@@ -31,12 +32,11 @@ from .errors import ArborError
 AUTO = "auto"
 DEFAULT_METHOD = "dyspec"
 CPU_BUDGET = 3  # draft nodes per step on a CPU (measured)
-GPU_BUDGET = 32  # draft nodes per step on a GPU (the papers' sizes; not measured here)
+GPU_BUDGET = 16  # draft nodes per step on a GPU (measured, module doc)
 DEFAULT_LOOKUP = 6  # context-lookup tokens grafted per step (measured on CPU)
 # the placement strategies `models.placement_kwargs` takes, and the devices that are not a GPU
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 HOST_DEVICES = ("cpu", "disk")
-GPU_NOTE = "default not yet measured on GPU"
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,7 @@ class Defaults:
 
     `device`: "cpu" or "gpu", the kind of device the target runs on (the choice depends on it);
     `budget`: draft nodes per step, "auto", or None (builder parameters define the tree);
-    `chosen`: which of method, budget, lookup, dtype came from the defaults, not the user;
-    `measured`: False when a default tree size was chosen that this project has not measured
-    (the GPU sizes); `note` then says so."""
+    `chosen`: which of method, budget, lookup, dtype came from the defaults, not the user."""
 
     method: str
     budget: int | str | None
@@ -55,11 +53,6 @@ class Defaults:
     dtype: str
     device: str
     chosen: tuple[str, ...] = ()
-    measured: bool = True
-
-    @property
-    def note(self) -> str:
-        return "" if self.measured else GPU_NOTE
 
 
 def device_kind(
@@ -124,15 +117,7 @@ def choose(
     if str(dtype).lower() == AUTO:
         dtype = default_dtype(kind, embedded, placed)
         chosen.append("dtype")
-    return Defaults(
-        method,
-        budget,
-        lookup,
-        dtype,
-        kind,
-        tuple(chosen),
-        measured=not (kind == "gpu" and "budget" in chosen),
-    )
+    return Defaults(method, budget, lookup, dtype, kind, tuple(chosen))
 
 
 def resolve_dtype(
