@@ -15,8 +15,9 @@ from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 import arborspec.engine.int8 as int8_module
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima, quantize_int8,
-                                   skip_padded_rows, smooth)
+from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima,
+                                   int8_rows_product, pack_int8_weight, packed_int8_values, quantize_int8,
+                                   rounded_like_kernel, skip_padded_rows, smooth)
 from arborspec.engine.invariant_attention import NAME, attend_float64
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
@@ -58,6 +59,33 @@ def test_int8_linear_is_the_exact_integer_product_row_by_row():
     reference = (x_int.double() @ w_int.double().T) * w_scale.double() * x_scale.double() + lin.bias.double()
     assert torch.allclose(together.double(), reference, rtol=1e-5, atol=1e-5)
     assert (together - lin(x)).abs().max() < 0.05 * lin(x).abs().max()  # and it is close to the float product
+
+
+def test_the_int8_product_uses_the_documented_rounding_of_each_activation():
+    """Activations just below a half-way point, where round(x + 128) and round(x) part: the product
+    equals the exact integer product of `rounded_like_kernel`'s values, bit for bit, and not that
+    of round(x) (so the greedy screen's error bound is computed from what the kernel used)."""
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256) * 0.05
+    packed = pack_int8_weight(weight)
+    w_int = packed_int8_values(packed).double()
+    w_scale = (weight.abs().amax(1) / WEIGHT_LEVELS).double().float()
+    ulp = 2.0 ** -17  # float32 spacing in [64, 128)
+    k = torch.randint(64, 126, (6, 256)).float()
+    units = k + 0.5 - ulp  # round(units) = k; round(units + 128) can be k + 1
+    units[:, 0] = 127.0  # each row's largest |x|: scale 1 / 4 exactly, so rows / scale = units
+    rows = units / 4
+    y, scaled, scale = int8_rows_product(rows, packed)
+    assert torch.equal(scaled, units) and torch.equal(scale, torch.full((6, 1), 0.25))
+    kernel = rounded_like_kernel(scaled)
+    plain = torch.round(scaled)
+    assert (kernel != plain).sum() > 50  # the two roundings do part on these rows
+
+    def product(values):
+        return (values.double() @ w_int.T).float().mul(w_scale).mul(scale)
+
+    assert torch.equal(y, product(kernel))
+    assert not torch.equal(y, product(plain))
 
 
 def test_a_group_of_linears_gives_each_member_its_own_int8_product_and_holds_nothing_after():

@@ -44,6 +44,9 @@ from .invariant_attention import use_float64_attention
 WEIGHT_LEVELS = 63  # 7-bit weights: no int16 saturation in the AVX2 kernel
 ACT_LEVELS = 127  # 8-bit activations, symmetric around zero point 128
 ACT_ZERO = 128
+# The kernel takes the scaled row x as unsigned 8-bit values round(x + 128) in float32, so an
+# activation's 8-bit value is round(x + 128) - 128: round(x) except where adding 128 rounds x onto
+# a half-way point (about one element in 10^5). `rounded_like_kernel` gives those values.
 SMOOTH_ALPHA = 0.5
 _FOLD_TOLERANCE = 1e-3  # relative logit change allowed when folding the smoothing scales
 
@@ -66,6 +69,13 @@ def pack_int8_weight(weight: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
+def packed_int8_values(packed) -> torch.Tensor:
+    """The int8 values `[out, in]` of a packed weight, as the kernel multiplies them."""
+    with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
+        warnings.simplefilter("ignore")
+        return torch.ops.quantized.linear_unpack(packed)[0].int_repr()
+
+
 def int8_rows_product(
     rows: torch.Tensor, packed
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,6 +88,12 @@ def int8_rows_product(
         scaled, 1.0, ACT_ZERO, packed
     )
     return y.mul_(scale), scaled, scale
+
+
+def rounded_like_kernel(scaled: torch.Tensor) -> torch.Tensor:
+    """The 8-bit values (as float32) the int8 product uses for float32 rows in units of their
+    scales (`int8_rows_product`'s second result)."""
+    return scaled.add(ACT_ZERO).round_().sub_(ACT_ZERO)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from ..common.timing import clock
-from .int8 import WEIGHT_LEVELS, int8_rows_product, pack_int8_weight, weight_scales
+from .int8 import (
+    int8_rows_product,
+    pack_int8_weight,
+    packed_int8_values,
+    rounded_like_kernel,
+    weight_scales,
+)
 
 # the transposed single-row copy of the LM head is kept up to this size
 MAX_TRANSPOSED_BYTES = 1 << 30
@@ -86,11 +92,7 @@ class GreedyScreen:
         self.packed = pack_int8_weight(self.weight)
         w = self.weight.double()
         scales = weight_scales(self.weight)  # s_v, as packed
-        rounding = (
-            w
-            - torch.round(w / scales[:, None]).clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS)
-            * scales[:, None]
-        )
+        rounding = w - packed_int8_values(self.packed).double() * scales[:, None]
         self.norm_w = w.norm(dim=1).float()  # |w_v|_2
         self.norm_err = rounding.norm(dim=1).float()  # |w_v - w^_v|_2
         self.hidden_size = self.weight.shape[1]
@@ -112,7 +114,7 @@ class GreedyScreen:
             approx[i].add_((row[:, kept] @ self.weight_t.index_select(0, kept))[0])
             scale = float(scales[i])
             xd = x[i].double()
-            rounded = torch.round(xd)
+            rounded = rounded_like_kernel(x[i]).double()  # the 8-bit values the product used
             norm_h = float(row.double().norm())
             # |h - h^|_2 over the quantised channels
             gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
