@@ -276,7 +276,7 @@ def embedded_int8_pair():
 
 
 @pytest.mark.slow  # torch.compile
-def test_compiled_int8_target_keeps_greedy_identity(tiny_pair):
+def test_compiled_int8_target_keeps_greedy_identity():
     """`--compile` on the int8 target: the compiled decoder gives the eager int8 model's tokens, plain and tree.
     One decoder layer: dynamo compiles each layer's frames apart, so every layer adds compilation."""
     one_layer = tiny_llama(0, layers=1)

@@ -106,15 +106,15 @@ class GreedyScreen:
         keep = rows.abs().topk(k, dim=1).indices  # [K, k]
         rest = rows.clone()
         rest.scatter_(1, keep, 0.0)
-        # x: what the kernel rounded to 8 bits
+        # x: the rows in units of their scales; `rounded`: the 8-bit values the kernel used
         approx, x, scales = int8_rows_product(rest, self.packed)
+        rounded_rows = rounded_like_kernel(x).double()
         bounds = torch.empty_like(approx)
         for i in range(rows.shape[0]):
             row, kept = rows[i : i + 1], keep[i]
             approx[i].add_((row[:, kept] @ self.weight_t.index_select(0, kept))[0])
             scale = float(scales[i])
-            xd = x[i].double()
-            rounded = rounded_like_kernel(x[i]).double()  # the 8-bit values the product used
+            xd, rounded = x[i].double(), rounded_rows[i]
             norm_h = float(row.double().norm())
             # |h - h^|_2 over the quantised channels
             gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
