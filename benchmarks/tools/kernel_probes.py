@@ -9,7 +9,10 @@
 * the int8 target's float64 attention (9 query heads, 3 key/value heads, head size 64, a cache of
   200 rows in a buffer with room for more, an additive mask) for 1-16 query rows: PyTorch's fused
   kernel as `engine/invariant_attention.py` calls it, and the same through two batched matrix
-  products and a softmax; the largest difference between the two is recorded.
+  products and a softmax; the largest difference between the two is recorded;
+* the int8 target's per-row activation maximum max |x| (`engine/int8.py`) for 1-16 rows of 576 and
+  1536 columns: `x.abs().amax(1)` (what the int8 product runs) and `linalg.vector_norm(x, inf, 1)`
+  (the same values in one operator); the two are checked equal.
 
 Each figure: microseconds per call, the median of `--rounds` rounds of `--calls` calls.
 """
@@ -106,6 +109,30 @@ def attention(rows: list[int], calls: int, rounds: int, context: int = 200) -> l
     return out
 
 
+def row_maxima(rows: list[int], calls: int, rounds: int) -> list[dict]:
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for cols in (576, 1536):
+        for n in rows:
+            x = torch.randn(n, cols, generator=gen)
+            if not torch.equal(
+                x.abs().amax(1, True), torch.linalg.vector_norm(x, float("inf"), 1, True)
+            ):
+                raise AssertionError("the two row maxima differ")
+            out.append(
+                {
+                    "columns": cols,
+                    "rows": n,
+                    "abs_amax_us": per_call_us(lambda: x.abs().amax(1, True), calls, rounds),
+                    "vector_norm_inf_us": per_call_us(
+                        lambda: torch.linalg.vector_norm(x, float("inf"), 1, True), calls, rounds
+                    ),
+                }
+            )
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,2,4,8,16")
@@ -119,6 +146,7 @@ def main() -> None:
     result = {
         "linears_float32": linears(rows, args.calls, args.rounds),
         "attention_float64": attention(rows, args.calls, args.rounds),
+        "row_maxima": row_maxima(rows, args.calls * 10, args.rounds),
         "threads": args.threads,
         "machine": machine_info(),
         "versions": versions(),

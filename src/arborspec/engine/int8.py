@@ -69,7 +69,6 @@ def pack_int8_weight(weight: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
-_INF = float("inf")
 # the operator's one overload, resolved once: the packet's call checks its arguments for Python
 # dispatch on every call (~1 ms per forward of 120 products)
 _Q_DQ_LINEAR = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
@@ -88,8 +87,9 @@ def int8_rows_product(
     """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with
     integer sums `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`,
     the scales `[N, 1]`)."""
-    # max |x| per row in one operator (the infinity norm: a maximum, exact)
-    scale = torch.linalg.vector_norm(rows, _INF, 1, True).clamp_min_(1e-30).div_(ACT_LEVELS)
+    # max |x| per row. Not `linalg.vector_norm(ord=inf)`: the same values, but its kernel is not
+    # vectorised across rows (8x slower at 16 rows; benchmarks/tools/kernel_probes.py)
+    scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
     scaled = rows / scale
     y = _Q_DQ_LINEAR(scaled, 1.0, ACT_ZERO, packed)
     return y.mul_(scale), scaled, scale
