@@ -77,13 +77,15 @@ class GreedyScreen:
     where h^ is the quantised rest of the row (computed exactly, in float64) and w_v - w^_v the
     known rounding of the weights (norms precomputed per token); the two quantisation terms are
     widened by 0.1 %. Every token whose upper bound reaches the best lower bound is a candidate,
-    and the exact argmax always is one (on SmolLM2's answers: 3 of 49152 at the median). The
-    candidates get `h . w_v` in float32; the first largest wins
+    and the exact argmax always is one (on the embedded target's answers: 22 of 49152 at the
+    median). The candidates get `h . w_v` in float32; the first largest wins
     (`torch.argmax`'s rule: ids in order).
     """
 
-    OUTLIERS = 16  # channels of the row kept in float32: the final norm's few huge channels would
-    # otherwise set the row's quantisation scale (with none kept, ~1300 candidates at the median)
+    OUTLIERS = 4  # channels of the row kept in float32: the final norm's few huge channels would
+    # otherwise set the row's quantisation scale (with none kept, 276 candidates at the median);
+    # more channels mean fewer candidates but a float32 head row copied per channel and row
+    # (docs/algorithms.md §7)
 
     def __init__(
         self, weight: torch.Tensor, weight_t: torch.Tensor
