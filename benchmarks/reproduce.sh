@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -229,6 +229,12 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
 #     each against the forward without it, 4 and 8 requests, trees of even and uneven sizes.
 run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
   --out "$RES/batch-forward-probes.json"
+# 22. Where a step of batched decoding spends its time: 4 clients, the 16 MT-Bench questions x 128
+#     tokens, plain batched decoding against DySpec per request and the shared budget, each step
+#     split by phase (target forward, screen, drafting, admission).
+run 22 && say 22 "batched step split" && $P benchmarks/tools/batch_step_split.py \
+  -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=3 \
+  -m shared:max_nodes=8:lookup=6 --rounds 2 --out "$RES/batch-step-split.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
