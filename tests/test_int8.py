@@ -18,7 +18,7 @@ from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima,
                                    int8_rows_product, pack_int8_weight, packed_int8_values, quantize_int8,
                                    rounded_like_kernel, skip_padded_rows, smooth)
-from arborspec.engine.invariant_attention import NAME, attend_float64
+from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
@@ -189,6 +189,22 @@ def test_float64_attention_gives_each_query_row_its_value_alone(q_len):
     head_mask[:, 0] = 0.0
     assert torch.equal(attend_float64(query, key, value, head_mask, 0.25),
                        attend_float64(query, key, value, head_mask, 0.25, group_queries=False))
+
+
+def test_a_prefill_through_the_causal_flag_gives_each_row_its_value_alone():
+    """A prefill from an empty cache (no mask, as many queries as keys) runs the kernel's causal flag: every
+    row equals the same rows under an explicit causal mask and the row attended alone over its prefix, bit
+    for bit, across the kernel's blocks (600 rows)."""
+    torch.manual_seed(0)
+    batch, heads, groups, dim, n = 2, 6, 2, 16, 600
+    query = torch.randn(batch, heads, n, dim)
+    key, value = (torch.randn(batch, groups, n, dim, dtype=torch.float64) for _ in range(2))
+    flagged = float64_attention(None, query, key, value, None, 0.25)[0]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    assert torch.equal(flagged, attend_float64(query, key, value, causal, 0.25))
+    for i in (0, 1, 63, 64, 255, 256, 511, 512, n - 1):
+        alone = attend_float64(query[:, :, i: i + 1], key[:, :, : i + 1], value[:, :, : i + 1], None, 0.25)
+        assert torch.equal(flagged[:, i], alone[:, 0]), i
 
 
 def test_int8_forward_is_bitwise_batch_invariant(int8_pair):

@@ -53,6 +53,10 @@ def float64_attention(
     if attention_mask is not None:
         mask = attention_mask[..., :length]
         mask = mask if mask.dtype == torch.bool else mask.double()
+    # a prefill from an empty cache: the kernel's own causal masking, which skips the blocks
+    # above the diagonal (the same float64 values up to summation order: module doc)
+    elif q_len > 1 and q_len == length:
+        return attend_float64(query, key, value, None, scaling, causal=True), None
     # plain causal chunk after the cache: query i sees keys up to position length - q_len + i
     elif q_len > 1:
         mask = (
@@ -69,8 +73,11 @@ def attend_float64(
     mask: torch.Tensor | None,
     scaling: float | None,
     group_queries: bool = True,
+    causal: bool = False,
 ) -> torch.Tensor:
     """The fused kernel in float64, rounded to the query's dtype once: `[B, Q, H, D]`.
+
+    `causal` (no mask): query i sees keys 0..i, through the kernel's causal flag (a prefill).
 
     With several query rows and grouped-query heads (`group_queries`), the query heads that share
     a key/value head become rows of one attention over it (`[B, Hkv, H / Hkv * Q, D]`): the
@@ -82,7 +89,7 @@ def attend_float64(
     batch, heads, q_len, dim = query.shape
     groups, length = key.shape[1], key.shape[2]
     per_head_mask = mask is not None and mask.dim() == 4 and mask.shape[1] != 1
-    grouped = group_queries and q_len > 1 and heads != groups and not per_head_mask
+    grouped = group_queries and q_len > 1 and heads != groups and not per_head_mask and not causal
     q = query.double()
     if grouped:
         per = heads // groups
@@ -95,6 +102,7 @@ def attend_float64(
         value.double(),
         attn_mask=mask,
         scale=scaling,
+        is_causal=causal,
         enable_gqa=not grouped and heads != groups,
     )
     return out.reshape(batch, heads, q_len, dim).to(query.dtype).transpose(1, 2).contiguous()
