@@ -212,11 +212,13 @@ if run 18; then
     --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
 fi
 # 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python), and the
-#     kernels a faster path could use instead (float32 linears, float64 attention), one call at a time.
+#     kernels a faster path could use instead (float32 linears, float64 attention), one call at a time;
+#     the greedy screen's float32 channels and the int8 prefill's causal flag on MT-Bench text.
 if run 19; then
   say 19 "forward profile"
   $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
   $P benchmarks/tools/kernel_probes.py --out "$RES/kernel-probes.json"
+  $P benchmarks/tools/screen_prefill_probes.py --out "$RES/screen-prefill-probes.json"
 fi
 # 20. The sampled trees with context lookup: every method verified by rejection sampling (whose grafted
 #     tokens are judged as point-mass candidates, docs/algorithms.md §9), the same 24 MT-Bench questions

@@ -19,7 +19,7 @@ decoding and each `-m` method (the `bench-batch` method syntax, `shared:` includ
 
 Per method: milliseconds per step of each phase (mean over every step of every round), tokens per
 step, rows fed per target forward (every request padded to the widest tree) and rows that are real,
-the cache width, tokens/s. Methods take turns within each of `--rounds` rounds; every output is
+the cache width during the target forward (the longest row plus the step's new columns), tokens/s. Methods take turns within each of `--rounds` rounds; every output is
 checked equal to plain batched decoding's.
 """
 

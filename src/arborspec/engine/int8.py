@@ -72,8 +72,8 @@ def pack_int8_weight(weight: torch.Tensor):
 # the operator's one overload, resolved once, and its C++ entry point where PyTorch exposes it: the
 # packet's call and the overload's each check every argument for Python dispatch first (~2 us each,
 # 120 products per forward)
-_Q_DQ_OVERLOAD = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
-_Q_DQ_LINEAR = getattr(_Q_DQ_OVERLOAD, "_op", _Q_DQ_OVERLOAD)
+_Q_DQ_LINEAR = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+_Q_DQ_LINEAR = getattr(_Q_DQ_LINEAR, "_op", _Q_DQ_LINEAR)
 
 
 def packed_int8_values(packed) -> torch.Tensor:
