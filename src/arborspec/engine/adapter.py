@@ -26,9 +26,10 @@ import torch
 from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
 from .attention_masks import AttentionLayout
-from .kv_cache import CACHE_LAYERS, new_cache
+from .kv_cache import CACHE_LAYERS, new_cache, uses_float64_cache
 from .lm_head import HeadRows, LazyLogits
 from .placement import execution_device
+from .traced import TracedDecoder
 from .tree import TokenTree
 
 
@@ -41,7 +42,7 @@ def decoder_hidden(output) -> torch.Tensor:
 class ModelAdapter:
     """Owns one model and its KV cache for one sequence (batch size 1)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, trace: bool | None = None) -> None:
         self.model = model
         self.config = model.config
         # layer types and sliding window; ArborError for a layer type no mask expresses
@@ -60,6 +61,11 @@ class ModelAdapter:
         self._hook = None
         # logits from hidden rows (engine/lm_head.py); else the model's own logits
         self.head = HeadRows(model)
+        # small forwards replayed from traces (engine/traced.py); by default where their results
+        # are the eager ones bit for bit and the eager path is mostly overhead: the int8 target
+        if trace is None:
+            trace = uses_float64_cache(model) and self.device.type == "cpu"
+        self.traced = TracedDecoder(model) if trace else None
 
     # ------------------------------------------------------------------ features
     def capture_hidden(self, on: bool = True) -> None:
@@ -141,11 +147,41 @@ class ModelAdapter:
         allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [N, H]
         """The decoder alone (no LM head): last hidden states of the fed tokens, cache extended."""
-        decoder = self.model.get_decoder()
         inputs = self._inputs(input_ids, position_ids, allowed)
-        out = decoder(**inputs, **cache_kwargs(decoder, self.cache), use_cache=True)
+        hidden = self.decoder_forward(**inputs, cache=self.cache)[0]
         self._fed(inputs["position_ids"])
-        return decoder_hidden(out)[0]
+        return hidden
+
+    def decoder_forward(
+        self,
+        input_ids: torch.Tensor,  # [B, N]
+        position_ids: torch.Tensor,  # [B, N]
+        attention_mask,
+        cache,
+        trace: bool = True,
+    ) -> torch.Tensor:  # [B, N, H]
+        """The decoder's last hidden states for a forward after `cache` (extended): replayed from a
+        trace where one applies and `trace` allows (engine/traced.py), else the modules' own
+        forward."""
+        decoder = self.model.get_decoder()
+        if (
+            trace
+            and self.traced is not None
+            and not self.compiled
+            and self.traced.supports(cache, input_ids, attention_mask)
+        ):
+            hidden = self.traced(input_ids, position_ids, attention_mask, cache)
+            if self._hook is not None:  # the decoder's forward hook does not run in a replay
+                self.last_hidden = hidden[0]
+            return hidden
+        out = decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **cache_kwargs(decoder, cache),
+            use_cache=True,
+        )
+        return decoder_hidden(out)
 
     @torch.inference_mode()
     def features_along(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), H]

@@ -13,9 +13,8 @@ from collections.abc import Hashable
 
 import torch
 
-from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
-from .adapter import ModelAdapter, decoder_hidden
+from .adapter import ModelAdapter
 from .batch_rows import BatchRows, RowFeed
 from .int8 import skip_padded_rows
 from .lm_head import LazyLogits
@@ -76,24 +75,22 @@ class BatchTarget:
             depths = torch.tensor(tree.depths) + past
             feeds.append(
                 RowFeed(
-                    tree.tokens, depths.tolist(), rows.old_columns(key, tree.num_nodes),
+                    tree.tokens,
+                    depths.tolist(),
+                    rows.old_columns(key, tree.num_nodes),
                     tree.ancestors_mask(),
                 )
             )
-        decoder = adapter.model.get_decoder()
         layout, dtype = adapter.layout, adapter.dtype
 
         sizes = [len(f.tokens) for f in feeds]
 
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            # a row's padding (a smaller tree than the widest) costs no int8 product
-            with skip_padded_rows(sizes, ids.shape[1]):
-                out = decoder(
-                    input_ids=ids, attention_mask=mask, position_ids=pos,
-                    **cache_kwargs(decoder, rows.cache), use_cache=True,
-                )
-            return decoder_hidden(out)
+            # a row's padding (a smaller tree than the widest) costs no int8 product where most
+            # rows are padding; the modules' own forward then, as a trace computes every row
+            with skip_padded_rows(sizes, ids.shape[1]) as skipping:
+                return adapter.decoder_forward(ids, pos, mask, rows.cache, trace=not skipping)
 
         hidden, width = rows.feed(run, feeds)
         logits, states = {}, {}

@@ -127,16 +127,18 @@ def skip_padded_rows(sizes: list[int], width: int):
 
     A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
     every row is quantised and summed on its own (module doc), so a product over fewer rows
-    gives each of them the same values. Nothing happens when most rows are real.
+    gives each of them the same values. Nothing happens when most rows are real. Yields whether
+    the rows are skipped (an eager forward only: a trace of the decoder, engine/traced.py, runs the
+    products it recorded).
     """
     total = len(sizes) * width
     if sum(sizes) >= SKIP_PADDING_BELOW * total:
-        yield
+        yield False
         return
     index = torch.cat([torch.arange(size) + b * width for b, size in enumerate(sizes)])
     token = _LIVE_ROWS.set(LiveRows(index, total))
     try:
-        yield
+        yield True
     finally:
         _LIVE_ROWS.reset(token)
 
@@ -234,6 +236,9 @@ class Int8GroupMember(nn.Module):
         super().__init__()
         self.group, self.index, self.start, self.end = group, index, start, end
         self.in_features, self.out_features = in_features, end - start
+        # the group's packed weight as an attribute of a module: a trace of the decoder
+        # (engine/traced.py) finds the weights it records among its modules' attributes
+        self._packed = group.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.output_for(x, self.index)[..., self.start : self.end]

@@ -103,7 +103,7 @@ def attend_float64(
         attn_mask=mask,
         scale=scaling,
         is_causal=causal,
-        enable_gqa=not grouped and heads != groups,
+        enable_gqa=bool(not grouped and heads != groups),
     )
     return out.reshape(batch, heads, q_len, dim).to(query.dtype).transpose(1, 2).contiguous()
 

@@ -46,21 +46,44 @@ class Float64Layer(DynamicLayer):
     def _allocate(states: torch.Tensor, rows: int) -> torch.Tensor:
         return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
 
+    @property
+    def length(self) -> int:
+        """The rows kept (the views' length)."""
+        return self.keys.shape[2]
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The key and value buffers (their first `length` rows are `keys` and `values`)."""
+        return self._buffers
+
+    def reserve(self, end: int) -> None:
+        """Buffers of at least `end` rows: when full, twice what is needed, the kept rows
+        copied over."""
+        if end <= self._buffers[0].shape[2]:
+            return
+        start = self.length
+        for i, kept in enumerate((self.keys, self.values)):
+            grown = self._allocate(kept, 2 * end)
+            grown[:, :, :start] = kept
+            self._buffers[i] = grown
+        self.extend_to(start)
+
+    def extend_to(self, end: int) -> None:
+        """The views over the buffers' first `end` rows (after rows were written there)."""
+        keys, values = self._buffers
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start = self.keys.shape[2]
+        start = self.length
         end = start + key_states.shape[2]
-        for i, (kept, states) in enumerate(((self.keys, key_states), (self.values, value_states))):
-            # full: a buffer of twice what is needed, the kept rows copied over
-            if end > self._buffers[i].shape[2]:
-                grown = self._allocate(states, 2 * end)
-                grown[:, :, :start] = kept
-                self._buffers[i] = grown
-            self._buffers[i][:, :, start:end] = states  # float32 -> float64: exact
-        self.keys, self.values = (buffer[:, :, :end] for buffer in self._buffers)
+        self.reserve(end)
+        self._buffers[0][:, :, start:end] = key_states  # float32 -> float64: exact
+        self._buffers[1][:, :, start:end] = value_states
+        self.extend_to(end)
         return self.keys, self.values
 
 

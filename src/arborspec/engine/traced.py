@@ -1,0 +1,183 @@
+"""Decoder forwards replayed from a TorchScript trace: the same operators, without the Python.
+
+Why (docs/algorithms.md §11): on a CPU most of a small forward of the int8 target is not
+arithmetic. Its ~120 int8 products read the weights near memory speed; the rest of a one-row
+forward is ~2,000 small operators, each dispatched from Python through transformers' modules and
+arborspec's int8 wrappers. A trace records the operators one eager forward dispatches (the
+unmodified modelling code runs once, under the tracer) and replays them from C++: no module
+calls, no Python per operator.
+
+The replay runs *the same operators on the same tensors in the same order*: no fusion, no
+reordering (`torch.jit.optimized_execution(False)` runs the recorded graph as it is), so its
+results are the eager forward's bit for bit (tests/test_traced.py). That is what the int8 target
+needs, whose tree verification relies on every row being computed as when alone.
+
+What a trace may not bake in, it takes as inputs:
+
+* the KV cache: each `Float64Layer`'s two buffers (engine/kv_cache.py) and the column the forward
+  writes at. Inside the trace a layer writes its new rows through `_write_rows`, a TorchScript
+  *function*, so the write position and the cache length stay values of the replay rather than
+  the constants of the traced forward; buffers grow outside, before the call;
+* the attention mask and the positions.
+
+The trace is frozen (`torch.jit.freeze` without the passes that may change numerics): the
+submodules' calls inlined into one graph, their weights its constants (the same tensors, not
+copies).
+
+A forward's sizes (rows, batch, cache length) are read from its tensors in the replay. Python
+decisions that depend on them are recorded as taken when traced: the float64 attention decides
+between one query row and several, so a trace is kept per `TraceKey` (batch of one or more, one
+row or more, mask or none) and made on the first forward of its kind (about a second for the
+embedded target). Traces live in memory with the adapter that made them, for the process.
+
+`torch.jit.trace` is deprecated by PyTorch in favour of `torch.compile` and `torch.export`, which
+do not give this path bit-identical results here (docs/evaluation.md (h)); every forward the
+trace cannot take runs eagerly (`TracedDecoder.supports`), and `ModelAdapter(trace=False)`
+turns it off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..common.hf_cache import cache_kwargs
+from .kv_cache import Float64Layer
+
+
+def _write_rows(buffer: torch.Tensor, states: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """`states [B, H, N, D]` into `buffer` at columns start..start+N; the buffer's first
+    start + N columns."""
+    first = int(start)
+    end = first + states.size(2)
+    buffer[:, :, first:end] = states  # float32 -> float64: exact
+    return buffer[:, :, :end]
+
+
+with warnings.catch_warnings():  # PyTorch's deprecation of TorchScript (module doc)
+    warnings.simplefilter("ignore")
+    _write_rows = torch.jit.script(_write_rows)
+
+
+class _TracedLayer(DynamicLayer):
+    """A cache layer inside the trace: a `Float64Layer`'s buffers and the write column, both
+    inputs of the traced forward."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
+        super().__init__()
+        self.key_buffer, self.value_buffer, self.start = keys, values, start
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys = _write_rows(self.key_buffer, key_states, self.start)
+        self.values = _write_rows(self.value_buffer, value_states, self.start)
+        return self.keys, self.values
+
+
+class _Traceable(nn.Module):
+    """The decoder as a function of tensors only: (ids, positions, [mask,] start, buffers...) ->
+    last hidden states `[B, N, H]`."""
+
+    def __init__(self, decoder: nn.Module, masked: bool) -> None:
+        super().__init__()
+        self.decoder, self.masked = decoder, masked
+
+    def forward(self, input_ids, position_ids, *rest):
+        mask, rest = (rest[0], rest[1:]) if self.masked else (None, rest)
+        start, buffers = rest[0], rest[1:]
+        cache = DynamicCache(config=self.decoder.config)
+        cache.layers = [
+            _TracedLayer(buffers[i], buffers[i + 1], start) for i in range(0, len(buffers), 2)
+        ]
+        out = self.decoder(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            use_cache=True,
+            **cache_kwargs(self.decoder, cache),
+        )
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+
+@dataclass(frozen=True)
+class TraceKey:
+    """The Python decisions a trace records: several sequences or one, several query rows or one,
+    and whether a mask is passed (and its kind)."""
+
+    batched: bool
+    rows: bool
+    mask: str | None
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, mask: torch.Tensor | None) -> "TraceKey":
+        kind = None if mask is None else f"{mask.dtype}:{mask.dim()}:{mask.shape[1]}"
+        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind)
+
+
+class TracedDecoder:
+    """A model's decoder forwards through traces (module doc), one per `TraceKey`."""
+
+    def __init__(self, model) -> None:
+        self.decoder = model.get_decoder()
+        self.traces: dict[TraceKey, torch.jit.ScriptModule] = {}
+
+    @staticmethod
+    def supports(cache, input_ids: torch.Tensor, mask) -> bool:
+        """Whether this forward can run from a trace: every cache layer a `Float64Layer` already
+        holding rows (a prefill from an empty cache runs eagerly: its attention takes the causal
+        flag, which a trace of a later forward did not record), one mask tensor or none, and a
+        plain chunk (no mask) of one row only."""
+        layers = getattr(cache, "layers", None)
+        if not layers or any(
+            type(layer) is not Float64Layer or not layer.is_initialized or layer.length == 0
+            for layer in layers
+        ):
+            return False
+        if mask is None:
+            return input_ids.shape[1] == 1
+        return isinstance(mask, torch.Tensor)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [B, N]
+        position_ids: torch.Tensor,  # [B, N]
+        mask: torch.Tensor | None,
+        cache,
+    ) -> torch.Tensor:  # [B, N, H]
+        layers = cache.layers
+        start = layers[0].length
+        end = start + input_ids.shape[1]
+        buffers = []
+        for layer in layers:
+            layer.reserve(end)
+            buffers += layer.buffers
+        args = (input_ids, position_ids) + (() if mask is None else (mask,))
+        args += (torch.tensor(start),) + tuple(buffers)
+        key = TraceKey.of(input_ids, mask)
+        trace = self.traces.get(key)
+        if trace is None:
+            trace = self.traces[key] = self._trace(args, mask is not None)
+        with torch.jit.optimized_execution(False):
+            hidden = trace(*args)
+        for layer in layers:
+            layer.extend_to(end)
+        return hidden
+
+    def _trace(self, args: tuple, masked: bool) -> torch.jit.ScriptModule:
+        """Record one forward (its writes land in the cache, and are written again by the replay
+        that follows with the same values)."""
+        with warnings.catch_warnings():
+            # the tracer's notes on Python values it records as constants (module doc), and
+            # PyTorch's deprecation of tracing
+            warnings.simplefilter("ignore")
+            trace = torch.jit.trace(_Traceable(self.decoder, masked), args, check_trace=False)
+            # one flat graph, the modules' calls inlined and their weights constants of it
+            # (~1 ms less per forward than calling 400 submodule methods); no pass that could
+            # change a value
+            return torch.jit.freeze(trace.eval(), optimize_numerics=False)

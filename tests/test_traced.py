@@ -1,0 +1,116 @@
+"""Forwards replayed from traces (engine/traced.py): every hidden state and cache row the eager forward's
+bit for bit, for plain steps across the cache's growth, trees of any size, batches with holes and padding;
+one trace per kind of forward; what the replay leaves to the eager path."""
+
+import copy
+
+import pytest
+import torch
+
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.batch_target import BatchTarget
+from arborspec.engine.decode import DecodeConfig, autoregressive_generate
+from arborspec.engine.int8 import quantize_int8
+from arborspec.engine.kv_cache import MIN_CAPACITY
+from arborspec.engine.tree import TokenTree
+
+from conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def int8_target():
+    model = tiny_llama(3, vocab=96, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    return quantize_int8(copy.deepcopy(model), [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
+
+
+def tree_of(root: int, size: int, seed: int) -> TokenTree:
+    gen = torch.Generator().manual_seed(seed)
+    tree = TokenTree.from_root(root)
+    for _ in range(size - 1):
+        parent = int(torch.randint(0, tree.num_nodes, (1,), generator=gen))
+        tree.add(parent, int(torch.randint(3, 96, (1,), generator=gen)))
+    return tree
+
+
+def cache_rows(adapter: ModelAdapter) -> list[torch.Tensor]:
+    return [t for layer in adapter.cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_plain_steps_and_trees_replayed_equal_the_eager_forward_bitwise(int8_target):
+    """Plain one-token steps past the cache's first buffer (it grows between replays), then trees of 2-9
+    nodes: hidden states, logits rows and every cache row equal to the eager adapter's; two traces in all
+    (one row without a mask, several rows with one)."""
+    traced, eager = ModelAdapter(int8_target), ModelAdapter(int8_target, trace=False)
+    assert traced.traced is not None and eager.traced is None
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 96, (MIN_CAPACITY - 8,), generator=gen)
+    for adapter in (traced, eager):
+        adapter.prefill(prompt)
+    assert not traced.traced.traces  # a prefill from an empty cache runs eagerly
+    for step in range(20):
+        token = torch.randint(3, 96, (1,), generator=gen)
+        rows = [adapter.hidden_forward(token) for adapter in (traced, eager)]
+        assert torch.equal(rows[0], rows[1]), step
+    assert traced.cache_len == eager.cache_len > MIN_CAPACITY
+    assert all(torch.equal(a, b) for a, b in zip(cache_rows(traced), cache_rows(eager)))
+    past = traced.cache_len
+    for size in (2, 5, 9, 3):
+        tree = tree_of(7, size, seed=size)
+        out = []
+        for adapter in (traced, eager):
+            adapter.capture_hidden(True)
+            logits = adapter.tree_forward(tree, lazy=True)
+            out.append((adapter.last_hidden.clone(), logits[size - 1]))
+            adapter.compact(past, [past + size - 1])
+        assert torch.equal(out[0][0], out[1][0]), size
+        assert torch.equal(out[0][1], out[1][1]), size
+        assert all(torch.equal(a, b) for a, b in zip(cache_rows(traced), cache_rows(eager))), size
+        past += 1
+    assert len(traced.traced.traces) == 2
+
+
+def test_batched_forwards_replayed_equal_the_eager_forward_bitwise(int8_target):
+    """A batch with holes (prompts of different lengths) and uneven trees, then a request leaving and one
+    joining: every request's hidden states equal the eager batch's; two batch traces serve them all."""
+    prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44]}
+    batches = [BatchTarget(ModelAdapter(int8_target)), BatchTarget(ModelAdapter(int8_target, trace=False))]
+    for batch in batches:
+        for key, ids in prompts.items():
+            batch.join(key, ids)
+    for step in range(4):
+        if step == 2:  # one leaves, one joins with a longer prompt
+            for batch in batches:
+                batch.leave("b")
+                batch.join("d", list(range(20, 41)))
+        keys = list(batches[0].rows.keys)
+        sizes = {key: 1 + (i + step) % 3 * 2 for i, key in enumerate(keys)}
+        trees = {key: tree_of(3 + i, sizes[key], seed=10 * step + i) for i, key in enumerate(keys)}
+        results = [batch.verify_forward(trees) for batch in batches]
+        for key in keys:
+            assert torch.equal(results[0][1][key], results[1][1][key]), (step, key)
+        kept = {key: [sizes[key] - 1] if sizes[key] > 1 else [] for key in keys}
+        for batch, (_, _, width) in zip(batches, results):
+            batch.keep(kept, width)
+    traced = batches[0].adapter.traced.traces
+    assert 1 <= len(traced) <= 2 and all(key.batched for key in traced)
+
+
+def test_plain_decoding_replayed_gives_the_eager_tokens(int8_target):
+    cfg = DecodeConfig(max_new_tokens=30)
+    prompt = [5, 17, 33, 8, 9]
+    replayed = autoregressive_generate(ModelAdapter(int8_target), prompt, cfg).output_ids
+    assert replayed == autoregressive_generate(ModelAdapter(int8_target, trace=False), prompt, cfg).output_ids
+    assert len(replayed) == 30
+
+
+def test_float32_models_and_compiled_decoders_run_eagerly(int8_target):
+    """A float32 model keeps the modules' forward (its cache is transformers' own); so does an adapter told
+    not to trace. Forwards the trace cannot take (a several-token chunk with no mask) run eagerly."""
+    assert ModelAdapter(tiny_llama(0)).traced is None
+    adapter = ModelAdapter(int8_target)
+    adapter.prefill(torch.tensor([5, 17, 33]))
+    adapter.feed(torch.tensor([8, 9, 40]))  # a plain chunk of three rows after the cache
+    assert not adapter.traced.traces
+    adapter.feed(torch.tensor([11]))
+    assert len(adapter.traced.traces) == 1
