@@ -170,7 +170,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     paths = {
         "float32": ModelAdapter(load_model(args.target, "cpu", "float32")),
-        "int8": ModelAdapter(load_model(args.target, "cpu", "int8")),
+        "int8": ModelAdapter(load_model(args.target, "cpu", "int8"), trace=False),
     }
     context = random_context(paths["float32"].vocab_size, args.context, seed=0)
     results = []
