@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -237,6 +237,10 @@ run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_
 run 22 && say 22 "batched step split" && $P benchmarks/tools/batch_step_split.py \
   -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=3 \
   -m shared:max_nodes=8:lookup=6 --rounds 2 --out "$RES/batch-step-split.json"
+# 23. Plain int8 decoding of the current code against the commit before its forwards were replayed from
+#     traces (docs/algorithms.md §11): five pairs of alternating processes, outputs compared.
+run 23 && say 23 "plain int8 against 9b7dc22" && $P benchmarks/tools/plain_int8_ab.py --base 9b7dc22 \
+  --pairs 5 --out "$RES/plain-int8-ab.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
