@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# run in a fresh interpreter with `src` of one tree first on the path: decode the prompts, print JSON
+# run in a fresh interpreter, `src` of one tree first on the path: decode the prompts, print JSON
 CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -61,6 +61,12 @@ def prompt_job(num_prompts: int, max_new_tokens: int) -> dict:
     return {"prompts": ids, "max_new_tokens": max_new_tokens, "eos": list(eos_ids(tokenizer))}
 
 
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def run(src: Path, job_file: Path, threads: int) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(src), str(job_file), str(threads)],
@@ -80,29 +86,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/plain-int8-ab.json")
     args = ap.parse_args()
-    base_rev = subprocess.run(
-        ["git", "rev-parse", "--short", args.base],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    head_rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "src"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    base_rev, head_rev = git("rev-parse", "--short", args.base), git("rev-parse", "--short", "HEAD")
+    dirty = bool(git("status", "--porcelain", "src"))
     with tempfile.TemporaryDirectory() as tmp:
         worktree = Path(tmp) / "base"
         subprocess.run(
