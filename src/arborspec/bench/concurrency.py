@@ -1034,7 +1034,8 @@ def _describe(header: dict, path: Path) -> list[str]:
         + (" (target decoder through torch.compile)" if c.get("compile") else "")
         + f"; prompts `{c.get('prompts')}` x {len(header.get('prompt_ids', []))} (first turns), "
         f"{c.get('max_new_tokens')} new tokens each; {m.get('cpu_count')} CPUs / "
-        f"{m.get('torch_threads')} threads, {m.get('platform', '')}; "
+        f"{m.get('torch_threads')} threads, {m.get('processor') or 'CPU model unknown'}, "
+        f"{m.get('platform', '')}; "
         + ", ".join(f"{k} {val}" for k, val in v.items())
         + f"; started {header.get('timestamp', '?')}"
     ]

@@ -220,7 +220,7 @@ def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]
             f"{h.get('device')} {c['dtype']}"
             + (" (target decoder through torch.compile)" if c.get("compile") else "")
             + f", {m.get('cpu_count')} CPUs / {m.get('torch_threads')} threads, "
-            f"{m.get('platform', '')}; "
+            f"{m.get('processor') or 'CPU model unknown'}, {m.get('platform', '')}; "
             + ", ".join(f"{k} {val}" for k, val in v.items())
             + f"; started {h.get('timestamp', '?')}"
         )

@@ -441,6 +441,7 @@ def write_serve_report(results_path: str | Path, out_dir: str | Path) -> Path:
         f"* workload: `{c['prompts']}` x {header['prompts']} (first turns), {c['max_tokens']} "
         f"new tokens, temperature {c['temperature']}, streamed, closed loop; "
         f"{header['machine'].get('cpu_count', '?')} CPUs shared by the server and the clients; "
+        f"{header['machine'].get('processor') or 'CPU model unknown'}, "
         f"{header['machine'].get('platform', '')}; started {header['started']}",
         "",
         "tokens/s = completion tokens of all requests / wall seconds of the cell; speedup = that "

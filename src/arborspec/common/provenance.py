@@ -16,7 +16,7 @@ def machine_info(device: torch.device | str | None = None) -> dict:
     """Platform, CPU, torch threads and GPU; `device` too when given."""
     info = {
         "platform": platform.platform(),
-        "processor": platform.processor(),
+        "processor": platform.processor() or cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
@@ -26,6 +26,18 @@ def machine_info(device: torch.device | str | None = None) -> dict:
     if device is not None:
         info["device"] = str(device)
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name where the OS tells it (Linux: /proc/cpuinfo), else ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def versions() -> dict:
