@@ -207,7 +207,12 @@ fi
 #     environment first if it is missing (it builds llama.cpp: ~10 min on 2 cores).
 if run 18; then
   say 18 "llama.cpp beside arborspec"
-  $P -c "import llama_cpp" 2>/dev/null || .venv/bin/pip install "llama-cpp-python==0.3.36"
+  # built for AVX-512 without llama.cpp's AMX kernels: on a VM whose CPU reports AMX, a native build's
+  # AMX path crashed in its first decode
+  $P -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+    -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+    .venv/bin/pip install "llama-cpp-python==0.3.36"
   bench llamacpp-int8 --dtype int8 --prompts mt-bench --num-prompts 24 --max-new-tokens 128 \
     --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
 fi
