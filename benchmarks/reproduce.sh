@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -246,6 +246,10 @@ run 22 && say 22 "batched step split" && $P benchmarks/tools/batch_step_split.py
 #     traces (docs/algorithms.md §11): five pairs of alternating processes, outputs compared.
 run 23 && say 23 "plain int8 against 9b7dc22" && $P benchmarks/tools/plain_int8_ab.py --base 9b7dc22 \
   --pairs 5 --out "$RES/plain-int8-ab.json"
+# 24. Where a single-request speculative step spends its time against a plain token (tree forward,
+#     greedy screens, draft head, the rest), DySpec 3 and 1 + lookup, 8 MT-Bench questions.
+run 24 && say 24 "single-request step split" && $P benchmarks/tools/step_split.py \
+  -m dyspec:budget=3:lookup=6 -m dyspec:budget=1:lookup=6 --out "$RES/step-split.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
