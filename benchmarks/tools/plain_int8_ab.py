@@ -23,6 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from arborspec.bench.prompts import conversation, load_prompts
+from arborspec.common.chat import encode_messages, eos_ids
+from arborspec.common.jsonfiles import write_json_atomic
+from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.models import load_tokenizer
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # run in a fresh interpreter, `src` of one tree first on the path: decode the prompts, print JSON
@@ -51,10 +57,6 @@ print(json.dumps({"ms_per_token": 1e3 * seconds / tokens, "tokens": tokens, "out
 
 
 def prompt_job(num_prompts: int, max_new_tokens: int) -> dict:
-    from arborspec.bench.prompts import conversation, load_prompts
-    from arborspec.common.chat import encode_messages, eos_ids
-    from arborspec.models import load_tokenizer
-
     tokenizer = load_tokenizer("embedded")
     prompts = load_prompts("mt-bench", num_prompts)
     ids = [encode_messages(tokenizer, conversation(p, []), True) for p in prompts]
@@ -126,9 +128,6 @@ def main() -> None:
         ),
         "tokens_per_run": runs["head"][0]["tokens"],
     }
-    from arborspec.common.jsonfiles import write_json_atomic
-    from arborspec.common.provenance import machine_info, utc_timestamp, versions
-
     report.update(measured=utc_timestamp(), machine=machine_info(), versions=versions())
     write_json_atomic(report, Path(args.out))
     print(

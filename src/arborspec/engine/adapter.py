@@ -158,15 +158,12 @@ class ModelAdapter:
         position_ids: torch.Tensor,  # [B, N]
         attention_mask,
         cache,
-        trace: bool = True,
     ) -> torch.Tensor:  # [B, N, H]
         """The decoder's last hidden states for a forward after `cache` (extended): replayed from a
-        trace where one applies and `trace` allows (engine/traced.py), else the modules' own
-        forward."""
+        trace where one applies (engine/traced.py), else the modules' own forward."""
         decoder = self.model.get_decoder()
         if (
-            trace
-            and self.traced is not None
+            self.traced is not None
             and not self.compiled
             and self.traced.supports(cache, input_ids, attention_mask)
         ):

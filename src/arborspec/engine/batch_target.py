@@ -88,9 +88,9 @@ class BatchTarget:
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
             # a row's padding (a smaller tree than the widest) costs no int8 product where most
-            # rows are padding; the modules' own forward then, as a trace computes every row
-            with skip_padded_rows(sizes, ids.shape[1]) as skipping:
-                return adapter.decoder_forward(ids, pos, mask, rows.cache, trace=not skipping)
+            # rows are padding (the modules' own forward then: a trace computes every row)
+            with skip_padded_rows(sizes, ids.shape[1]):
+                return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
         hidden, width = rows.feed(run, feeds)
         logits, states = {}, {}

@@ -127,20 +127,25 @@ def skip_padded_rows(sizes: list[int], width: int):
 
     A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
     every row is quantised and summed on its own (module doc), so a product over fewer rows
-    gives each of them the same values. Nothing happens when most rows are real. Yields whether
-    the rows are skipped (an eager forward only: a trace of the decoder, engine/traced.py, runs the
-    products it recorded).
+    gives each of them the same values. Nothing happens when most rows are real.
     """
     total = len(sizes) * width
     if sum(sizes) >= SKIP_PADDING_BELOW * total:
-        yield False
+        yield
         return
     index = torch.cat([torch.arange(size) + b * width for b, size in enumerate(sizes)])
     token = _LIVE_ROWS.set(LiveRows(index, total))
     try:
-        yield True
+        yield
     finally:
         _LIVE_ROWS.reset(token)
+
+
+def skipping_padded_rows() -> bool:
+    """Whether padded rows are being skipped (inside `skip_padded_rows`, with most rows padding):
+    only the eager forward skips them; a trace of the decoder (engine/traced.py) runs every
+    product it recorded."""
+    return _LIVE_ROWS.get() is not None
 
 
 def int8_rows_linear(

@@ -47,6 +47,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..common.hf_cache import cache_kwargs
+from .int8 import skipping_padded_rows
 from .kv_cache import Float64Layer
 
 
@@ -112,11 +113,11 @@ class TraceKey:
 
     batched: bool
     rows: bool
-    mask: str | None
+    mask: tuple[torch.dtype, int, int] | None  # dtype, dimensions, heads
 
     @classmethod
     def of(cls, input_ids: torch.Tensor, mask: torch.Tensor | None) -> "TraceKey":
-        kind = None if mask is None else f"{mask.dtype}:{mask.dim()}:{mask.shape[1]}"
+        kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
         return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind)
 
 
@@ -129,14 +130,18 @@ class TracedDecoder:
 
     @staticmethod
     def supports(cache, input_ids: torch.Tensor, mask) -> bool:
-        """Whether this forward can run from a trace: every cache layer a `Float64Layer` already
-        holding rows (a prefill from an empty cache runs eagerly: its attention takes the causal
-        flag, which a trace of a later forward did not record), one mask tensor or none, and a
-        plain chunk (no mask) of one row only."""
+        """Whether this forward can run from a trace: every cache layer a `Float64Layer`, holding
+        rows (every forward writes all layers, so the first tells; a prefill from an empty cache
+        runs eagerly: its attention takes the causal flag, which a trace of a later forward did not
+        record), no padded rows being skipped (the trace runs every product it recorded), one mask
+        tensor or none, and a plain chunk (no mask) of one row only."""
         layers = getattr(cache, "layers", None)
-        if not layers or any(
-            type(layer) is not Float64Layer or not layer.is_initialized or layer.length == 0
-            for layer in layers
+        if (
+            not layers
+            or any(type(layer) is not Float64Layer for layer in layers)
+            or not layers[0].is_initialized
+            or layers[0].length == 0
+            or skipping_padded_rows()
         ):
             return False
         if mask is None:
