@@ -104,9 +104,9 @@ def test_plain_decoding_replayed_gives_the_eager_tokens(int8_target):
     assert len(replayed) == 30
 
 
-def test_float32_models_and_compiled_decoders_run_eagerly(int8_target):
-    """A float32 model keeps the modules' forward (its cache is transformers' own); so does an adapter told
-    not to trace. Forwards the trace cannot take (a several-token chunk with no mask) run eagerly."""
+def test_float32_models_and_several_token_chunks_run_eagerly(int8_target):
+    """A float32 model keeps the modules' forward (its cache is transformers' own). On the int8 target a
+    forward the trace cannot take (a several-token chunk with no mask) runs eagerly and makes no trace."""
     assert ModelAdapter(tiny_llama(0)).traced is None
     adapter = ModelAdapter(int8_target)
     adapter.prefill(torch.tensor([5, 17, 33]))
@@ -114,3 +114,23 @@ def test_float32_models_and_compiled_decoders_run_eagerly(int8_target):
     assert not adapter.traced.traces
     adapter.feed(torch.tensor([11]))
     assert len(adapter.traced.traces) == 1
+
+
+def test_a_batch_whose_padded_rows_are_skipped_runs_eagerly(int8_target, monkeypatch):
+    """Where the int8 linears skip a batch's padded rows (here forced for every batch), the forward is the
+    modules' own (a trace would compute every row): no trace is made, and each request's hidden states are
+    those of its tree alone."""
+    import arborspec.engine.int8 as int8_module
+
+    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)
+    prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3]}
+    trees = {"a": tree_of(3, 5, seed=1), "b": tree_of(4, 1, seed=2)}
+    batch = BatchTarget(ModelAdapter(int8_target))
+    for key, ids in prompts.items():
+        batch.join(key, ids)
+    _, states, _ = batch.verify_forward(trees)
+    assert not batch.adapter.traced.traces
+    for key, tree in trees.items():
+        alone = BatchTarget(ModelAdapter(int8_target, trace=False))
+        alone.join(key, prompts[key])
+        assert torch.equal(states[key], alone.verify_forward({key: tree})[1][key]), key

@@ -11,13 +11,13 @@ engine/traced.py inside it), the greedy screens of the rows the verifier reads
 (`GreedyScreen.argmax_rows`), the drafter's `begin` and `expand` (the draft head's forwards and
 logits), the cache compaction, and the rest of the step (building the tree, the verifier's walk,
 statistics), and `feed` (the prompt's prefill; plain decoding's one-token forwards). The same
-split of plain decoding gives what one plain token costs.
+split of plain decoding gives what one plain token costs. `trace_seconds`: what making each trace
+of engine/traced.py cost (once per kind of forward, during the warm-up).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import defaultdict
 
@@ -31,6 +31,7 @@ from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.lm_head import GreedyScreen
+from arborspec.engine.traced import TracedDecoder
 from arborspec.models import load_pair
 
 PHASES = (
@@ -79,6 +80,17 @@ def main() -> None:
     timers = Timers()
     for phase, cls, name in PHASES:
         timers.wrap(phase, cls, name)
+    trace_seconds: list[float] = []
+    make_trace = TracedDecoder._trace
+
+    def timed_trace(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return make_trace(self, *args, **kwargs)
+        finally:
+            trace_seconds.append(round(time.perf_counter() - t0, 3))
+
+    TracedDecoder._trace = timed_trace
     drafter_cls = type(pair.drafter)
     timers.wrap("draft_begin", drafter_cls, "begin")
     timers.wrap("draft_expand", drafter_cls, "expand")
@@ -153,6 +165,7 @@ def main() -> None:
             "num_prompts": args.num_prompts,
             "max_new_tokens": args.max_new_tokens,
             "rows": rows,
+            "trace_seconds": trace_seconds,
             "measured": utc_timestamp(),
             "machine": machine_info(),
             "versions": versions(),
