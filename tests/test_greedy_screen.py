@@ -122,3 +122,38 @@ def test_no_screen_for_half_precision_heads_or_heads_with_a_bias():
     biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
     model.set_output_embeddings(biased)
     assert HeadRows(model).screen is None
+
+
+def test_rows_computed_ahead_of_the_walk_are_the_rows_read_alone():
+    """`LazyLogits.prefetch`: screened tokens of the rows computed ahead = each row's own `argmax`; logits rows
+    computed in one product = each row's own up to float32 summation order; a row computed ahead is not
+    computed again; speculative decoding with every row, or none, computed ahead gives plain decoding's
+    tokens."""
+    import arborspec.engine.decode as decode
+    from arborspec.builders.registry import make_builder
+    from arborspec.drafters import NgramDrafter
+
+    model = tiny_llama(2, init=0.5)
+    lm = ModelAdapter(model)
+    ids = torch.randint(4, 96, (30,), generator=torch.Generator().manual_seed(2))
+    hidden = lm.hidden_forward(ids)
+    ahead, alone = LazyLogits(hidden, lm.head), LazyLogits(hidden, lm.head)
+    ahead.prefetch([0, 7, 7, 29, -1], greedy=True)
+    assert sorted(ahead.best) == [0, 7, 29] and not ahead.rows
+    assert [ahead.argmax(i) for i in range(30)] == [alone.argmax(i) for i in range(30)]
+    ahead.prefetch([3, 11, 12], greedy=False)
+    for i in (3, 11, 12):
+        row = ahead.rows[i]
+        assert torch.allclose(row, alone[i], rtol=1e-5, atol=1e-5)
+        assert ahead[i] is row  # kept, not computed again
+    cfg = decode.DecodeConfig(max_new_tokens=30)
+    prompt = ids[:8].tolist()
+    plain = decode.autoregressive_generate(ModelAdapter(model), prompt, cfg).output_ids
+    saved = decode.LIKELY_ROW_VALUE
+    try:
+        for least in (0.0, 2.0):  # every node's row ahead; none but the root's
+            decode.LIKELY_ROW_VALUE = {"screened": least, "sampled": least}
+            dec = decode.SpeculativeDecoder(ModelAdapter(model), NgramDrafter(96), make_builder("dyspec", budget=6))
+            assert dec.generate(prompt, cfg).output_ids == plain, least
+    finally:
+        decode.LIKELY_ROW_VALUE = saved

@@ -242,6 +242,26 @@ class LazyLogits:
         return self.rows[i]
 
     @torch.inference_mode()
+    def prefetch(self, rows: list[int], greedy: bool) -> None:
+        """Compute `rows` ahead of the verifier in one pass over the head: their screened greedy
+        tokens (`greedy`, through `screen_rows`: each the token `argmax` gives the row alone) or
+        their logits rows (one product of several rows reads the head's weights once; the same
+        float32 math as a row alone up to summation order, as `HeadRows.logits` says). A row the
+        verifier then does not read costs a fraction of a separate pass (module doc of
+        engine/decode.py, "likely rows")."""
+        if greedy:
+            screen_rows([(self, i) for i in rows])
+            return
+        todo = [i for i in dict.fromkeys(int(i) % len(self) for i in rows) if i not in self.rows]
+        if len(todo) < 2:  # one row: as the verifier would compute it
+            return
+        t0 = clock(self.hidden.device)
+        out = self.head.logits(self.hidden[todo])
+        for row, i in enumerate(todo):
+            self.rows[i] = out[row]
+        self.seconds += clock(self.hidden.device) - t0
+
+    @torch.inference_mode()
     def argmax(self, i: int) -> int:
         """Row i's greedy token, through `HeadRows.greedy` (never from a row computed for sampling:
         the same function as plain decoding's, so the verdicts match it bit for bit)."""
