@@ -61,6 +61,7 @@ from ..engine.placement import execution_device, materialised
 from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
 from .head_batch import HeadBatchDrafter
+from .head_traced import TracedHead
 from .model import tree_rows_allowed
 
 HEAD_FORMAT = "arborspec-draft-head"
@@ -327,18 +328,25 @@ class HeadDrafter(Drafter):
 
     uses_target_features = True
 
-    def __init__(self, head: DraftHead) -> None:
+    def __init__(self, head: DraftHead, trace: bool | TracedHead | None = None) -> None:
+        """`trace`: the head's forwards replayed from traces (drafters/head_traced.py); by default
+        for a head whose layers run in int8 (CPU pairs), whose forward is mostly Python."""
         self.head = head
         self.vocab_size = head.vocab_size
         self.device = head.body.norm.weight.device
         self.dtype = head.body.norm.weight.dtype
+        if trace is None:
+            trace = head.int8_layers
+        if trace is True:
+            trace = TracedHead(head)
+        self.traced = trace or None
         self.reset()
 
     def spawn(self) -> "HeadDrafter":
-        return HeadDrafter(self.head)
+        return HeadDrafter(self.head, trace=self.traced or False)  # the traces are shared
 
     def batched(self) -> HeadBatchDrafter:
-        return HeadBatchDrafter(self.head)
+        return HeadBatchDrafter(self.head, self.traced)
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.head.body.config)
@@ -367,13 +375,21 @@ class HeadDrafter(Drafter):
         t0 = clock()
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).view(1, -1)
-        hidden = self.head(
-            ids,
-            feats.unsqueeze(0),
-            position_ids=pos,
-            attention_mask=mask,
-            past_key_values=self.cache,
-        )[0]
+        past = self.cache_len
+        if mask is None and past:  # a causal chunk after the cache: its mask (a trace takes one,
+            # and the eager forward gets the same, so both give the same rows)
+            allowed = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool).tril_(past)
+            mask = additive_mask(allowed.to(self.device), self.dtype)[None, None]
+        if self.traced is not None and self.traced.supports(self.cache):
+            hidden = self.traced(ids, feats.unsqueeze(0), pos, mask, self.cache)[0]
+        else:
+            hidden = self.head(
+                ids,
+                feats.unsqueeze(0),
+                position_ids=pos,
+                attention_mask=mask,
+                past_key_values=self.cache,
+            )[0]
         self.forward_time += clock(self.device) - t0
         self.forwards += 1
         return hidden

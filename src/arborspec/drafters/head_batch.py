@@ -4,7 +4,8 @@ The same drafter as `HeadDrafter` (drafters/head.py), whose docstring says what 
 with every request a row of one head KV cache (engine/batch_rows.py): `begin` feeds each
 request's newly committed tokens in one forward, `expand` the nodes of several requests' trees
 in one forward (each node sees its request's committed rows, its ancestors' rows and itself),
-`commit` drops the draft rows. A joining request's prompt is fed alone, at `join`.
+`commit` drops the draft rows. A joining request's prompt is fed alone, at `join`. Forwards over
+the batch's cache replay the head's traces where the single-request drafter does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..common.timing import clock
 from ..engine.batch_rows import BatchRows, RowFeed
 from ..engine.contracts import BatchDrafter
 from ..engine.tree import additive_mask
+from .head_traced import TracedHead
 from .model import tree_rows_allowed
 
 
@@ -34,8 +36,11 @@ class _Slot:
 class HeadBatchDrafter(BatchDrafter):
     uses_target_features = True
 
-    def __init__(self, head) -> None:
+    def __init__(self, head, traced: TracedHead | None = None) -> None:
+        """`traced`: the head's forwards replayed from traces (drafters/head_traced.py), shared
+        with the single-request drafter that made this one."""
         self.head = head
+        self.traced = traced
         self.vocab_size = head.vocab_size
         self.device = head.body.norm.weight.device
         self.dtype = head.body.norm.weight.dtype
@@ -83,6 +88,8 @@ class HeadBatchDrafter(BatchDrafter):
 
         def run(ids, pos, allowed, key_pos):
             mask = additive_mask(allowed, self.dtype)[:, None]
+            if self.traced is not None and self.traced.supports(batch.cache):
+                return self.traced(ids, inputs, pos, mask, batch.cache)
             return self.head(ids, inputs, position_ids=pos, attention_mask=mask,
                              past_key_values=batch.cache)
 

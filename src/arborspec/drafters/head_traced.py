@@ -1,0 +1,110 @@
+"""The draft head's forwards replayed from TorchScript traces, as the int8 target's are.
+
+Why (docs/algorithms.md §11): the head is one decoder layer, a few small products; on a CPU most
+of its forward is the Python that dispatches them through the modules (a one-row forward of the
+embedded pair's int8 head over a 200-row cache: ~0.8 ms eager, ~0.35 ms replayed). A speculative
+step runs it about twice (`begin`, `expand`), so the replay shortens every step.
+
+The replay records the head body's forward once (`engine/traced.frozen_trace`) and runs the same
+operators on the same tensors in the same order, so its hidden states and cache rows are those
+of the eager forward with the same inputs, bit for bit (tests/test_head_traced.py). Its inputs:
+token ids, the features, positions, the additive mask, and the head's cache rows of its one layer
+(keys, values); it returns the hidden states and the layer's rows with the new ones appended,
+which become the drafter's cache. One trace per kind of forward: one request or several (the
+batched head drafter, drafters/head_batch.py, whose cache holds a row per request), one row or
+several (the attention decides by the number of query rows). A mask is always passed (a causal
+chunk gets its causal mask), so no decision depends on the cache length.
+
+Used by `HeadDrafter` on CPU (`HeadDrafter(head, trace=None)`); the first forward of a generation
+(the prompt, from an empty cache) runs eagerly. `trace=False` turns it off.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..common.hf_cache import cache_kwargs
+from ..engine.traced import frozen_trace, replay
+
+
+class _AppendLayer(DynamicLayer):
+    """The head's one cache layer inside the trace: its rows are inputs, the rows with the new
+    ones appended are outputs."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.keys, self.values
+
+
+class _Traceable(nn.Module):
+    """The head as a function of tensors: (ids, feats, positions, mask, keys, values) -> (hidden,
+    keys, values)."""
+
+    def __init__(self, head) -> None:
+        super().__init__()
+        self.head = head
+        # the target's embedding, which the head calls by reference: a submodule here, so the
+        # tracer takes its weight as the module's (a free tensor that requires grad is refused)
+        self.embedding = head._target[0]
+
+    def forward(self, ids, feats, positions, mask, keys, values):
+        cache = DynamicCache(config=self.head.body.config)
+        layer = _AppendLayer(keys, values)
+        cache.layers = [layer]
+        out = self.head.body(
+            inputs_embeds=self.head.inputs(ids, feats),
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **cache_kwargs(self.head.body, cache),
+        )
+        return out.last_hidden_state, layer.keys, layer.values
+
+
+class TracedHead:
+    """A `DraftHead`'s forwards through traces (module doc)."""
+
+    def __init__(self, head) -> None:
+        self.head = head
+        # (several requests, several rows) -> trace
+        self.traces: dict[tuple[bool, bool], torch.jit.ScriptModule] = {}
+
+    @staticmethod
+    def supports(cache: DynamicCache) -> bool:
+        """A cache of one layer holding rows (the prompt's forward, from an empty cache, runs
+        eagerly)."""
+        layers = getattr(cache, "layers", None)
+        return (
+            layers is not None
+            and len(layers) == 1
+            and type(layers[0]) is DynamicLayer
+            and layers[0].is_initialized
+            and layers[0].keys is not None
+            and layers[0].keys.numel() > 0
+        )
+
+    def __call__(
+        self,
+        ids: torch.Tensor,  # [B, N]
+        feats: torch.Tensor,  # [B, N, H]
+        positions: torch.Tensor,  # [B, N]
+        mask: torch.Tensor,  # [B, 1, N, past + N] additive
+        cache: DynamicCache,
+    ) -> torch.Tensor:  # [B, N, H]
+        layer = cache.layers[0]
+        args = (ids, feats, positions, mask, layer.keys, layer.values)
+        key = (ids.shape[0] > 1, ids.shape[1] > 1)
+        trace = self.traces.get(key)
+        if trace is None:
+            trace = self.traces[key] = frozen_trace(_Traceable(self.head), args)
+        hidden, layer.keys, layer.values = replay(trace, args)
+        return hidden
