@@ -2,16 +2,17 @@
 
     .venv/bin/python benchmarks/tools/step_split.py --out benchmarks/results/step-split.json
 
-The int8 embedded pair, the stratified MT-Bench first turns, 128 new tokens, T = 0. Plain decoding
-and each `-m` method take turns prompt by prompt (after one warm-up generation each); their
-milliseconds per token give the speedup, as `arborspec bench` computes it. For each method the
-step is split by timing the engine's own calls around them (wrappers, so the split adds a few
-microseconds per call): the target's tree forward (`ModelAdapter.tree_forward`, with the replay of
-engine/traced.py inside it), the greedy screens of the rows the verifier reads
-(`GreedyScreen.argmax_rows`), the drafter's `begin` and `expand` (the draft head's forwards and
-logits), the cache compaction, and the rest of the step (building the tree, the verifier's walk,
-statistics), and `feed` (the prompt's prefill; plain decoding's one-token forwards). The same
-split of plain decoding gives what one plain token costs. `trace_seconds`: what making each trace
+The int8 embedded pair, the stratified MT-Bench first turns, 128 new tokens, T = 0 (`--temperature`
+to sample). Plain decoding and each `-m` method take turns prompt by prompt (after one warm-up
+generation each); their milliseconds per token give the speedup, as `arborspec bench` computes
+it. For each method the step is split by timing the engine's own calls around them (wrappers, so
+the split adds a few microseconds per call): the target's tree forward (`ModelAdapter.tree_forward`,
+with the replay of engine/traced.py inside it), the greedy screens of the rows the verifier reads
+(`GreedyScreen.argmax_rows`; when sampling, `logits`: full LM-head rows), the drafter's `begin`
+and `expand` (the draft head's forwards and logits), the cache compaction, and the rest of the
+step (building the tree, the verifier's walk, statistics), and `feed` (the prompt's prefill; plain
+decoding's one-token forwards). The same split of plain decoding gives what one plain token
+costs. `trace_seconds`: what making each trace
 of engine/traced.py cost (once per kind of forward, during the warm-up).
 """
 
@@ -30,7 +31,8 @@ from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.lm_head import GreedyScreen
+from arborspec.engine.lm_head import GreedyScreen, HeadRows
+from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.traced import TracedDecoder
 from arborspec.models import load_pair
 
@@ -39,6 +41,7 @@ PHASES = (
     ("feed", ModelAdapter, "feed"),
     ("screen", GreedyScreen, "argmax_rows"),
     ("compaction", ModelAdapter, "compact"),
+    ("logits", HeadRows, "logits"),
 )
 
 
@@ -73,6 +76,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default="benchmarks/results/step-split.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -100,6 +104,7 @@ def main() -> None:
     ]
     cfg = DecodeConfig(
         max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(temperature=args.temperature),
         eos_token_ids=tuple(eos_ids(pair.tokenizer, pair.target.model)),
     )
     runners = {"plain": lambda ids: autoregressive_generate(pair.target, ids, cfg)}
@@ -164,6 +169,7 @@ def main() -> None:
             "command": "benchmarks/tools/step_split.py",
             "num_prompts": args.num_prompts,
             "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
             "rows": rows,
             "trace_seconds": trace_seconds,
             "measured": utc_timestamp(),
