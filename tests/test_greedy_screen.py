@@ -126,7 +126,7 @@ def test_no_screen_for_half_precision_heads_or_heads_with_a_bias():
 
 def test_rows_computed_ahead_of_the_walk_are_the_rows_read_alone():
     """`LazyLogits.prefetch`: screened tokens of the rows computed ahead = each row's own `argmax`; logits rows
-    computed in one product = each row's own up to float32 summation order; a row computed ahead is not
+    computed in one product (oneDNN's packed head) = each row's own up to float32 summation order; a row computed ahead is not
     computed again; speculative decoding with every row, or none, computed ahead gives plain decoding's
     tokens."""
     import arborspec.engine.decode as decode
@@ -142,6 +142,7 @@ def test_rows_computed_ahead_of_the_walk_are_the_rows_read_alone():
     assert sorted(ahead.best) == [0, 7, 29] and not ahead.rows
     assert [ahead.argmax(i) for i in range(30)] == [alone.argmax(i) for i in range(30)]
     ahead.prefetch([3, 11, 12], greedy=False)
+    assert isinstance(lm.head.packed, torch.Tensor)  # several rows: oneDNN's packed head (lm_head doc)
     for i in (3, 11, 12):
         row = ahead.rows[i]
         assert torch.allclose(row, alone[i], rtol=1e-5, atol=1e-5)

@@ -80,3 +80,27 @@ def test_support_sized_noise_draws_like_full_noise():
     for _ in range(20000):
         counts[sample_without_replacement(p, 1, gumbel_like(support.float(), gen))[0]] += 1
     assert_follows(counts, p, what="support-sized noise", detects=0.02)  # chi-square over 20000 draws, conftest
+
+
+def test_one_draw_follows_the_distribution_and_never_draws_probability_zero():
+    """`sample` (inverse CDF): 20,000 draws from an unnormalised law with zero-probability tokens (first, last
+    and inside) follow it (chi-square, conftest) and never give a zero-probability token; a law that moves
+    0.05 of the mass is rejected; an all-zero or NaN row is refused."""
+    from arborspec.engine.sampling import sample
+
+    from conftest import assert_departs
+
+    weights = torch.tensor([0.0, 3.0, 0.5, 0.0, 2.0, 1e-3, 4.0, 0.0])
+    law = weights / weights.sum()
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.bincount(torch.tensor([sample(weights, gen) for _ in range(20_000)]), minlength=8)
+    assert counts[[0, 3, 7]].sum() == 0
+    nonzero = law > 0
+    assert_follows(counts[nonzero], law[nonzero], what="inverse-CDF draws", detects=0.05)
+    moved = law.clone()
+    moved[1] -= 0.05
+    moved[6] += 0.05
+    assert_departs(counts[nonzero], moved[nonzero], what="a law 0.05 away")
+    for bad in (torch.zeros(4), torch.tensor([0.5, float("nan")])):
+        with pytest.raises(RuntimeError, match="invalid distribution"):
+            sample(bad, gen)

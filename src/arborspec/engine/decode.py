@@ -48,8 +48,9 @@ from .verifiers import VERIFIERS, VerifyResult, choose_verifier
 
 # a node's row is computed ahead of the walk from this estimated acceptance probability (module
 # doc, "likely rows"), by the kind of row: about where its extra cost in a shared pass equals the
-# expected cost of a separate one (screened: ~0.6 of ~1.4 ms on tree rows; sampled: ~0.6 of ~3.5)
-LIKELY_ROW_VALUE = {"screened": 0.4, "sampled": 0.2}
+# expected cost of a separate one (screened: ~0.6 of ~1.4 ms on tree rows; sampled, oneDNN's
+# packed head: ~0.1 of ~3.4 ms, so every node)
+LIKELY_ROW_VALUE = {"screened": 0.4, "sampled": 0.0}
 
 TokenCallback = Callable[[list[int]], None]
 # the sequence so far (prompt + new tokens) -> stop after its last token

@@ -122,8 +122,17 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a `[V]` distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One draw from a `[V]` distribution (need not sum to 1), by its inverse CDF: one uniform
+    against the float64 cumulative sums; a token of probability 0 has an empty interval and is
+    never drawn. (`torch.multinomial` draws one exponential per token for a single sample: ~0.9 ms
+    on a 49152-token vocabulary on 2 CPU threads, against ~0.05 ms here.)"""
+    cdf = probs.detach().reshape(-1).cumsum(0, dtype=torch.float64)
+    total = cdf[-1]
+    if not bool(total > 0):  # also NaN
+        raise RuntimeError("invalid distribution to sample from (sum of probabilities <= 0)")
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=generator_device(generator))
+    index = torch.searchsorted(cdf, u.to(cdf.device) * total, right=True)
+    return min(int(index), probs.numel() - 1)
 
 
 def gumbel_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
