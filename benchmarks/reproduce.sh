@@ -80,14 +80,15 @@ PROMPTS=("$SKY" "Write a Python function that checks whether a string is a palin
          "Give me three tips for writing a clear email to a busy colleague.")
 ALL="-m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6
   -m opt-tree:budget=4:lookup=6 -m eagle2:budget=4:lookup=6 -m c2t:budget=4:lookup=6 -m dyspec:budget=4:lookup=6
-  -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16"
+  -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=1:lookup=6
+  -m dyspec:budget=16"
 
 if [[ $MODE == quick ]]; then
-  # 1. int8 target, 8 MT-Bench questions (one per category) x 128 tokens, T = 0: the default, the
-  #    papers' size and the runner-up, against plain decoding and transformers.
+  # 1. int8 target, 8 MT-Bench questions (one per category) x 128 tokens, T = 0: the int8 default, the
+  #    float default and the papers' size, against plain decoding and transformers.
   run 1 && say 1 "int8 MT-Bench" && bench quick-mtbench-int8 --dtype int8 --prompts mt-bench \
     --num-prompts 8 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted \
-    -m dyspec:budget=3:lookup=6 -m opt-tree:budget=4:lookup=6 -m dyspec:budget=16
+    -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
   # 2. the unmodified float32 model, same prompts: its default against plain float32 decoding.
   run 2 && say 2 "float32 MT-Bench" && bench quick-mtbench-float32 --dtype float32 --prompts mt-bench \
     --num-prompts 8 --max-new-tokens 128 --temperatures 0 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
@@ -103,7 +104,8 @@ if run 1; then
   $A sequoia-shape "$RUNS/sequoia-calibration.json" --size 4 --depth 4 --out "$RES/sequoia-shape-4.json"
 fi
 # 2. The README table: int8 target, 24 MT-Bench questions (3 per category) x 128 tokens, every method at
-#    4 draft nodes with context lookup, the CPU default (DySpec 3 + lookup) and the papers' DySpec 16,
+#    4 draft nodes with context lookup, the int8 CPU default (DySpec 1 + lookup), DySpec 3 + lookup (the
+#    float default) and the papers' DySpec 16,
 #    T = 0 and 0.6, transformers' generate() and assisted generation beside them.
 run 2 && say 2 "int8 MT-Bench, all methods" && bench mtbench-int8 --dtype int8 --prompts mt-bench \
   --num-prompts 24 --max-new-tokens 128 --temperatures 0,0.6 --compare-hf-assisted $ALL
@@ -121,11 +123,18 @@ run 4 && say 4 "a named float32 model" && bench mtbench-float32-named --target "
   --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0
 # 5. `arborspec generate --compare-ar` with no other option on three prompts.
 run 5 && say 5 "generate defaults" && generate_default generate-default "${PROMPTS[@]}"
-# 6. The CPU tree size, chosen on the validation slice (never on the benchmark's questions).
-run 6 && say 6 "tree sizes on the validation slice" && bench validation-sizes --dtype int8 \
-  --prompts mt-bench-validation --num-prompts 20 --max-new-tokens 128 --temperatures 0 \
-  -m dyspec:budget=2:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6 \
-  -m dyspec:budget=6:lookup=6 -m dyspec:budget=8:lookup=6
+# 6. The int8 CPU tree size, chosen on the validation slice (never on the benchmark's questions): two
+#    runs at T = 0 in opposite method orders, one at T = 0.6.
+if run 6; then
+  say 6 "tree sizes on the validation slice"
+  V="--dtype int8 --prompts mt-bench-validation --num-prompts 20 --max-new-tokens 128"
+  bench validation-sizes $V --temperatures 0 -m dyspec:budget=1:lookup=6 -m dyspec:budget=2:lookup=6 \
+    -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
+  bench validation-sizes-2 $V --temperatures 0 -m dyspec:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 \
+    -m dyspec:budget=2:lookup=6 -m dyspec:budget=1:lookup=6
+  bench validation-sizes-t06 $V --temperatures 0.6 -m dyspec:budget=1:lookup=6 \
+    -m dyspec:budget=2:lookup=6 -m dyspec:budget=3:lookup=6
+fi
 # 7. What a forward of n rows costs, float32 and int8 (why small trees pay on a CPU).
 run 7 && say 7 "cost of a forward by rows" && $P benchmarks/tools/cost_paths.py --out "$RES/cost-paths.json"
 # 8. What the int8 target gives up against float32.
@@ -202,7 +211,7 @@ if run 17; then
   done
 fi
 # 18. llama.cpp beside arborspec: its plain decoding of the embedded target's Q4_1 GGUF, timed in the same
-#     run as the int8 target's plain decoding and the CPU default (DySpec 3 + lookup) and DySpec 4 + lookup,
+#     run as the int8 target's plain decoding and the CPU default (DySpec 1 + lookup) and DySpec 3 + lookup,
 #     24 MT-Bench questions x 128 tokens, T = 0 and 0.6. llama-cpp-python is installed into the benchmark's
 #     environment first if it is missing (it builds llama.cpp: ~10 min on 2 cores).
 if run 18; then
@@ -214,7 +223,7 @@ if run 18; then
     -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
     .venv/bin/pip install "llama-cpp-python==0.3.36"
   bench llamacpp-int8 --dtype int8 --prompts mt-bench --num-prompts 24 --max-new-tokens 128 \
-    --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=3:lookup=6 -m dyspec:budget=4:lookup=6
+    --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6
 fi
 # 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python), and the
 #     kernels a faster path could use instead (float32 linears, float64 attention), one call at a time;
@@ -231,7 +240,8 @@ fi
 run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-lookup --dtype int8 \
   --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0.6 \
   -m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6 \
-  -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6
+  -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 \
+  -m dyspec:budget=1:lookup=6
 # 21. A batched tree forward on the int8 target: the grouped float64 attention and the skipped padded rows,
 #     each against the forward without it, 4 and 8 requests, trees of even and uneven sizes.
 run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
@@ -247,9 +257,15 @@ run 22 && say 22 "batched step split" && $P benchmarks/tools/batch_step_split.py
 run 23 && say 23 "plain int8 against 9b7dc22" && $P benchmarks/tools/plain_int8_ab.py --base 9b7dc22 \
   --pairs 5 --out "$RES/plain-int8-ab.json"
 # 24. Where a single-request speculative step spends its time against a plain token (tree forward,
-#     greedy screens, draft head, the rest), DySpec 3 and 1 + lookup, 8 MT-Bench questions.
-run 24 && say 24 "single-request step split" && $P benchmarks/tools/step_split.py \
-  -m dyspec:budget=3:lookup=6 -m dyspec:budget=1:lookup=6 --out "$RES/step-split.json"
+#     greedy screens or LM-head rows, draft head, the rest), DySpec 1 and 3 + lookup, 8 MT-Bench
+#     questions, T = 0 and T = 0.6.
+if run 24; then
+  say 24 "single-request step split"
+  $P benchmarks/tools/step_split.py -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 \
+    --out "$RES/step-split.json"
+  $P benchmarks/tools/step_split.py --temperature 0.6 -m dyspec:budget=1:lookup=6 \
+    -m dyspec:budget=3:lookup=6 --out "$RES/step-split-t06.json"
+fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"

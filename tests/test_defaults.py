@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from arborspec.api import SpeculativeGenerator
 from arborspec.cli import app
-from arborspec.defaults import (CPU_BUDGET, DEFAULT_LOOKUP, GPU_BUDGET, Defaults, choose,
+from arborspec.defaults import (CPU_BUDGET, DEFAULT_LOOKUP, GPU_BUDGET, INT8_CPU_BUDGET, Defaults, choose,
                                 device_kind, resolve_dtype)
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
@@ -32,14 +32,14 @@ def no_gpu(monkeypatch):
 
 # ---------------------------------------------------------------------------------- the choice
 @pytest.mark.parametrize("device,embedded,expected", [
-    ("cpu", True, Defaults("dyspec", 3, 6, "int8", "cpu", ALL)),
+    ("cpu", True, Defaults("dyspec", 1, 6, "int8", "cpu", ALL)),
     ("cpu", False, Defaults("dyspec", 3, 6, "float32", "cpu", ALL)),
     ("cuda", True, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
     ("cuda:1", False, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
 ])
 def test_nothing_given_takes_the_device_defaults(device, embedded, expected):
     assert choose(device, embedded) == expected
-    assert (CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (3, 16, 6)
+    assert (CPU_BUDGET, INT8_CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (3, 1, 16, 6)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -123,8 +123,8 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
     monkeypatch.setattr("arborspec.api.load_pair", fake_load_pair)
     gen = SpeculativeGenerator()
     assert seen["args"][:4] == ("embedded", None, "cpu", "int8")  # the embedded target's fast path
-    assert gen.settings == Defaults("dyspec", 3, 6, "int8", "cpu", ALL)
-    assert (gen.builder.name, gen.builder.budget, gen.decoder.lookup) == ("dyspec", 3, 6)
+    assert gen.settings == Defaults("dyspec", 1, 6, "int8", "cpu", ALL)
+    assert (gen.builder.name, gen.builder.budget, gen.decoder.lookup) == ("dyspec", 1, 6)
     named = SpeculativeGenerator(target="some/model", method="chain")
     assert seen["args"][:4] == ("some/model", None, "cpu", "float32")
     assert (named.builder.name, named.builder.budget, named.decoder.lookup) == ("chain", 3, 6)
@@ -190,3 +190,15 @@ def test_bench_without_a_method_runs_the_device_defaults(tiny_dirs, tmp_path):
     header = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[0])
     assert header["config"]["methods"] == ["dyspec:budget=3:lookup=6"]
     assert header["config"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("embedded,dtype,budget", [
+    (True, "auto", 1), (True, "int8", 1), (True, "float32", 3), (False, "auto", 3), (False, "int8", 1),
+    (False, "bfloat16", 3),
+])
+def test_the_cpu_budget_follows_the_precision_the_target_runs_in(embedded, dtype, budget):
+    """On a CPU the int8 target gets INT8_CPU_BUDGET draft nodes (its forwards are replayed and a plain token
+    costs little beyond its weights), any other precision CPU_BUDGET; explicit or chosen alike."""
+    d = choose("cpu", embedded, dtype=dtype)
+    assert d.budget == budget and "budget" in d.chosen
+    assert choose("cpu", embedded, dtype=dtype, budget=5).budget == 5

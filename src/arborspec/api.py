@@ -81,8 +81,9 @@ class SpeculativeGenerator:
         **method_params: Any,
     ) -> None:
         """`method`, `budget`, `lookup` (None) and `dtype` ("auto") default to the device's choice
-        (`arborspec.defaults.choose`: on CPU dyspec with 3 draft nodes and a lookup of 6, int8 for
-        the embedded target; on a GPU 16 draft nodes, float32); a method given without a budget or
+        (`arborspec.defaults.choose`: on CPU dyspec with a lookup of 6, int8 for the embedded
+        target, 1 draft node on the int8 target and 3 on a float one; on a GPU 16 draft nodes,
+        float32); a method given without a budget or
         builder parameters gets the device's default budget.
         `device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
@@ -180,7 +181,7 @@ class SpeculativeGenerator:
 
     def describe(self) -> str:
         """One line: method, tree size, lookup, the target with its precision and device, the
-        draft, the baseline; e.g. `dyspec, 3 draft nodes + lookup 6 | target embedded
+        draft, the baseline; e.g. `dyspec, 1 draft node + lookup 6 | target embedded
         SmolLM2-135M-Instruct (int8, cpu) | draft embedded-head | baseline: plain decoding of the
         same int8 target`."""
         return self._describe_pair(self.pair)
@@ -193,7 +194,7 @@ class SpeculativeGenerator:
 
     def _line(self, target: str, draft: str, precision: str, where: str) -> str:
         s, b = self.settings, self.builder
-        nodes = f"{b.budget} draft nodes"
+        nodes = f"{b.budget} draft node{'' if b.budget == 1 else 's'}"
         size = f"auto-sized trees of at most {nodes}" if b.needs_cost else nodes
         method = f"{b.name}, {size}" + (f" + lookup {s.lookup}" if s.lookup else "")
         shown = f"{target} {EMBEDDED_TARGET_NAME}" if target == EMBEDDED_TARGET else target
