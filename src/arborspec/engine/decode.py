@@ -13,9 +13,10 @@ separate "first token" forward is needed.
 
 Likely rows: the verifier reads the LM-head rows of the nodes it walks through, one at a time
 (engine/lm_head.py: a screened argmax at temperature 0, a full logits row when sampling). Each
-separate read passes over the whole head; several rows in one pass cost little more than one
-(a screened row ~0.3 ms more than a 1.9 ms pass, a logits row ~0.6 ms more than a 3.5 ms pass
-on the embedded target, 2 CPU threads; docs/algorithms.md §7). So before the walk the root's row
+separate read passes over the whole head; several rows in one pass cost less than as many passes
+(a screened tree row ~0.6 ms more than a ~1.4 ms pass, a logits row through oneDNN's packed head
+~0.1 ms more than a ~3.4 ms pass on the embedded target, 2 CPU threads; docs/algorithms.md §7).
+So before the walk the root's row
 and those of the nodes the builder expects to be accepted with probability at least
 `LIKELY_ROW_VALUE` are computed in one pass; the walk reads any other row as before. Which rows
 are computed ahead changes no token: each row's value is the one it gets alone (screened) or
