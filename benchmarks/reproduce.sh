@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -266,6 +266,11 @@ if run 24; then
   $P benchmarks/tools/step_split.py --temperature 0.6 -m dyspec:budget=1:lookup=6 \
     -m dyspec:budget=3:lookup=6 --out "$RES/step-split-t06.json"
 fi
+# 25. What the pieces around the target forward cost, one call at a time: LM-head rows on the transposed
+#     and oneDNN's packed copy, the greedy screen of k rows, one draw by multinomial and by inverse CDF,
+#     the draft head's forward eager and replayed.
+run 25 && say 25 "verification and drafting probes" && $P benchmarks/tools/verify_probes.py \
+  --out "$RES/verify-probes.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"

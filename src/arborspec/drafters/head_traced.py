@@ -2,7 +2,8 @@
 
 Why (docs/algorithms.md §11): the head is one decoder layer, a few small products; on a CPU most
 of its forward is the Python that dispatches them through the modules (a one-row forward of the
-embedded pair's int8 head over a 200-row cache: ~0.8 ms eager, ~0.35 ms replayed). A speculative
+embedded pair's int8 head over a 200-row cache: 1.25 ms eager, 0.55 ms replayed;
+benchmarks/results/verify-probes.json). A speculative
 step runs it about twice (`begin`, `expand`), so the replay shortens every step.
 
 The replay records the head body's forward once (`engine/traced.frozen_trace`) and runs the same
@@ -26,28 +27,13 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..common.hf_cache import cache_kwargs
 from ..engine.traced import frozen_trace, replay
-
-
-class _AppendLayer(DynamicLayer):
-    """The head's one cache layer inside the trace: its rows are inputs, the rows with the new
-    ones appended are outputs."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
-        self.keys, self.values = keys, values
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        return self.keys, self.values
 
 
 class _Traceable(nn.Module):
     """The head as a function of tensors: (ids, feats, positions, mask, keys, values) -> (hidden,
-    keys, values)."""
+    keys, values). Its one cache layer is transformers' `DynamicLayer` holding the given rows,
+    whose update appends the new ones."""
 
     def __init__(self, head) -> None:
         super().__init__()
@@ -57,17 +43,12 @@ class _Traceable(nn.Module):
         self.embedding = head._target[0]
 
     def forward(self, ids, feats, positions, mask, keys, values):
+        layer = DynamicLayer()
+        layer.keys, layer.values, layer.is_initialized = keys, values, True
         cache = DynamicCache(config=self.head.body.config)
-        layer = _AppendLayer(keys, values)
         cache.layers = [layer]
-        out = self.head.body(
-            inputs_embeds=self.head.inputs(ids, feats),
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **cache_kwargs(self.head.body, cache),
-        )
-        return out.last_hidden_state, layer.keys, layer.values
+        hidden = self.head(ids, feats, positions, mask, cache)
+        return hidden, layer.keys, layer.values
 
 
 class TracedHead:

@@ -14,8 +14,9 @@ separate "first token" forward is needed.
 Likely rows: the verifier reads the LM-head rows of the nodes it walks through, one at a time
 (engine/lm_head.py: a screened argmax at temperature 0, a full logits row when sampling). Each
 separate read passes over the whole head; several rows in one pass cost less than as many passes
-(a screened tree row ~0.6 ms more than a ~1.4 ms pass, a logits row through oneDNN's packed head
-~0.1 ms more than a ~3.4 ms pass on the embedded target, 2 CPU threads; docs/algorithms.md §7).
+(on the embedded target, 2 CPU threads: a screen of 1 / 2 / 4 rows 2.8 / 3.2 / 3.8 ms, more on
+uncertain tree rows; logits rows through oneDNN's packed head 5.2 / 5.3 ms for 2 / 4 rows against
+4.1 ms for one; docs/algorithms.md §7, benchmarks/results/verify-probes.json).
 So before the walk the root's row
 and those of the nodes the builder expects to be accepted with probability at least
 `LIKELY_ROW_VALUE` are computed in one pass; the walk reads any other row as before. Which rows
@@ -49,8 +50,8 @@ from .verifiers import VERIFIERS, VerifyResult, choose_verifier
 
 # a node's row is computed ahead of the walk from this estimated acceptance probability (module
 # doc, "likely rows"), by the kind of row: about where its extra cost in a shared pass equals the
-# expected cost of a separate one (screened: ~0.6 of ~1.4 ms on tree rows; sampled, oneDNN's
-# packed head: ~0.1 of ~3.4 ms, so every node)
+# expected cost of a separate one (screened: a fraction of a pass, more on uncertain tree rows;
+# sampled, oneDNN's packed head: a few percent of a pass, so every node)
 LIKELY_ROW_VALUE = {"screened": 0.4, "sampled": 0.0}
 
 TokenCallback = Callable[[list[int]], None]

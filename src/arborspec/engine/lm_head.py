@@ -12,10 +12,10 @@ hidden rows into logits:
 * `HeadRows.logits(hidden)`: one row against the transposed copy (CPU, heads up to
   1 GiB; it costs that much memory once), several rows against oneDNN's packed copy of
   the head where the transposed one is kept (made on the first call of several rows, the
-  same memory again; its kernel reads the weights once for all rows: 4.6 / 4.8 / 5.3 ms for
-  1 / 4 / 8 rows of the embedded target's head on 2 threads, against 3.4 / 6.1 / 8.8 for
-  `torch.mm` on the transposed copy), else by `F.linear` (same weights, same float32 math
-  up to summation order);
+  same memory again; its kernel reads the weights once for all rows: 5.2 / 5.3 / 6.2 ms for
+  2 / 4 / 8 rows of the embedded target's head on 2 threads, against 6.4 / 8.2 / 10.8 for
+  `torch.mm` on the transposed copy; benchmarks/results/verify-probes.json), else by
+  `F.linear` (same weights, same float32 math up to summation order);
 * `LazyLogits`: indexable like a `[N, V]` logits tensor; row i is computed on first
   access and kept. The verifiers only ever index single rows;
 * `GreedyScreen` (temperature 0; `LazyLogits.argmax`): the argmax of a row without its
@@ -201,8 +201,9 @@ class HeadRows:
         self.weight_t = w.detach().t().contiguous() if small and w.device.type == "cpu" else None
         # temperature 0: argmax without the full row (module doc)
         self.screen = screen_for(w, self.weight_t, self.bias)
-        # several rows (sampled trees): oneDNN's packed weights, made when first needed (module doc)
-        self.packed = None
+        # several rows (sampled trees): oneDNN's packed weights, made when first needed (module
+        # doc); False where this build cannot make them
+        self.packed: torch.Tensor | bool | None = None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[K, H]` hidden -> `[K, V]` float32 logits."""
@@ -219,12 +220,14 @@ class HeadRows:
     def _packed_rows(self) -> bool:
         """Whether several rows go through oneDNN's packed copy of the head (made on first use, the
         head's size in memory; module doc)."""
-        if self.packed is None and _MKLDNN_REORDER is not None and _MKLDNN_LINEAR is not None:
-            try:
-                self.packed = _MKLDNN_REORDER(self.weight.detach(), 8)
-            except RuntimeError:  # a build without oneDNN's CPU kernels
-                self.packed = False
-        return bool(self.packed is not None and self.packed is not False)
+        if self.packed is None:
+            self.packed = False  # a build without oneDNN's CPU kernels
+            if _MKLDNN_REORDER is not None and _MKLDNN_LINEAR is not None:
+                try:
+                    self.packed = _MKLDNN_REORDER(self.weight.detach(), 8)
+                except RuntimeError:
+                    pass
+        return self.packed is not False
 
     def greedy(self, hidden: torch.Tensor) -> int:
         """The argmax token of one hidden row `[1, H]` (the screen where there is one)."""
