@@ -116,21 +116,35 @@ def test_float32_models_and_several_token_chunks_run_eagerly(int8_target):
     assert len(adapter.traced.traces) == 1
 
 
-def test_a_batch_whose_padded_rows_are_skipped_runs_eagerly(int8_target, monkeypatch):
-    """Where the int8 linears skip a batch's padded rows (here forced for every batch), the forward is the
-    modules' own (a trace would compute every row): no trace is made, and each request's hidden states are
-    those of its tree alone."""
+def test_a_replayed_batch_computes_its_padded_rows_and_an_eager_one_skips_them(int8_target, monkeypatch):
+    """Padded rows (uneven trees) with skipping forced for every batch: a replaying adapter still runs its
+    trace, padded rows included (skipping them would take the slower eager forward); an eager adapter
+    multiplies only the real rows. Both give each request the hidden states of its tree alone."""
     import arborspec.engine.int8 as int8_module
 
     monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)
+    product = int8_module.int8_rows_product
+    rows_multiplied = []
+
+    def counted(rows, packed):
+        rows_multiplied.append(int(rows.shape[0]))
+        return product(rows, packed)
+
+    monkeypatch.setattr(int8_module, "int8_rows_product", counted)
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3]}
     trees = {"a": tree_of(3, 5, seed=1), "b": tree_of(4, 1, seed=2)}
-    batch = BatchTarget(ModelAdapter(int8_target))
-    for key, ids in prompts.items():
-        batch.join(key, ids)
-    _, states, _ = batch.verify_forward(trees)
-    assert not batch.adapter.traced.traces
+    states = {}
+    for trace in (True, False):
+        batch = BatchTarget(ModelAdapter(int8_target, trace=trace))
+        for key, ids in prompts.items():
+            batch.join(key, ids)
+        rows_multiplied.clear()
+        states[trace] = batch.verify_forward(trees)[1]
+        # the trace records every row's products, padding included; the eager forward the real rows only
+        assert set(rows_multiplied) == ({2 * 5} if trace else {5 + 1}), trace
+        assert len(batch.adapter.traced.traces) == 1 if trace else batch.adapter.traced is None
     for key, tree in trees.items():
         alone = BatchTarget(ModelAdapter(int8_target, trace=False))
         alone.join(key, prompts[key])
-        assert torch.equal(states[key], alone.verify_forward({key: tree})[1][key]), key
+        own = alone.verify_forward({key: tree})[1][key]
+        assert torch.equal(states[True][key], own) and torch.equal(states[False][key], own), key

@@ -1,4 +1,4 @@
-"""What two options of the int8 target's batched tree forward save (docs/evaluation.md (i)).
+"""What two choices of the int8 target's batched tree forward save (docs/evaluation.md (i)).
 
     .venv/bin/python benchmarks/tools/batch_forward_probes.py \
         --out benchmarks/results/batch-forward-probes.json
@@ -7,14 +7,18 @@ The embedded target in int8; `--requests` MT-Bench prompts (first turns, the str
 join one batch (engine/batch_target.py), then, for each pattern of tree sizes (one star tree per
 request, root included), one batched forward of every tree followed by the step's compaction (each
 row keeps its root), as a step of batched decoding runs it. Three variants of the forward, timed in
-turn within each round so that drift on the machine hits them alike:
+turn within each round so that drift on the machine hits them alike, each on its own batch and
+adapter:
 
-* `default`: what the engine runs: the float64 attention with the query heads of a key/value group
-  folded into rows (`invariant_attention.attend_float64`), and padded rows skipped by the int8
-  linears when at most `SKIP_PADDING_BELOW` of the rows are real (`int8.skip_padded_rows`);
-* `per-head attention`: the fused kernel called per query head (`float64_attention` with
-  `group_queries=False`);
-* `padding computed`: every padded row goes through the int8 products.
+* `default`: what the engine runs: the forward replayed from a trace (engine/traced.py), every row
+  through the int8 products, padding included, and the float64 attention with the query heads of a
+  key/value group folded into rows where a forward has several query rows
+  (`invariant_attention.attend_float64`);
+* `per-head attention`: the same replay, of a trace made with the fused kernel called per query
+  head (`float64_attention` with `group_queries=False`);
+* `padded rows skipped`: the modules' own forward (an adapter without traces), whose int8 linears
+  multiply only the real rows when at most `SKIP_PADDING_BELOW` of them are real
+  (`int8.skip_padded_rows`), as an eager adapter runs it.
 
 Each pattern's figures: the median milliseconds per forward of each variant over `--rounds` rounds,
 and each variant's median ratio to `default` over the rounds (paired, round by round).
@@ -36,6 +40,7 @@ from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.invariant_attention import NAME, float64_attention
 from arborspec.engine.tree import TokenTree
@@ -72,22 +77,26 @@ def main() -> None:
     counts = [int(c) for c in args.requests.split(",")]
     prompts = load_prompts("mt-bench", max(counts))
     ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
-    skip_below = int8.SKIP_PADDING_BELOW
 
     def variant(name: str) -> None:
         per_head = name == "per-head attention"
-        attention = partial(float64_attention, group_queries=False) if per_head else float64_attention
+        attention = float64_attention
+        if per_head:
+            attention = partial(float64_attention, group_queries=False)
         AttentionInterface.register(NAME, attention)
-        int8.SKIP_PADDING_BELOW = 0.0 if name == "padding computed" else skip_below
 
-    names = ["default", "per-head attention", "padding computed"]
+    names = ["default", "per-head attention", "padded rows skipped"]
     results = []
     for count in counts:
-        batch = BatchTarget(pair.target)
-        for k in range(count):
-            batch.join(k, ids[k])
+        batches = {}
+        for name in names:  # each variant's own adapter: its traces record that variant's forward
+            trace = name != "padded rows skipped"
+            batches[name] = BatchTarget(ModelAdapter(pair.target.model, trace=trace))
+            for k in range(count):
+                batches[name].join(k, ids[k])
 
-        def forward(sizes: list[int]) -> float:
+        def forward(name: str, sizes: list[int]) -> float:
+            batch = batches[name]
             trees = {k: star(ids[k][-1], sizes[k]) for k in range(count)}
             t0 = time.perf_counter()
             _, _, width = batch.verify_forward(trees)
@@ -99,11 +108,11 @@ def main() -> None:
             times: dict[str, list[float]] = {n: [] for n in names}
             for name in names:
                 variant(name)
-                forward(sizes)
+                forward(name, sizes)
             for r in range(args.rounds):
                 for name in names[r % 3:] + names[: r % 3]:
                     variant(name)
-                    times[name].append(forward(sizes))
+                    times[name].append(forward(name, sizes))
             variant("default")
             base = times["default"]
             row = {
@@ -124,7 +133,7 @@ def main() -> None:
         "versions": versions(),
         "threads": args.threads,
         "rounds": args.rounds,
-        "skip_padding_below": skip_below,
+        "skip_padding_below": int8.SKIP_PADDING_BELOW,
         "prompt_tokens": [len(i) for i in ids],
         "results": results,
     }

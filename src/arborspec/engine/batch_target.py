@@ -87,8 +87,13 @@ class BatchTarget:
 
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            # a row's padding (a smaller tree than the widest) costs no int8 product where most
-            # rows are padding (the modules' own forward then: a trace computes every row)
+            if adapter.traced is not None:
+                # a replay computes every row, padding included: skipping the padded rows' int8
+                # products would take the modules' own forward, which costs more than those rows
+                # (docs/evaluation.md (i))
+                return adapter.decoder_forward(ids, pos, mask, rows.cache)
+            # eager forwards: a row's padding (a smaller tree than the widest) costs no int8
+            # product where most rows are padding
             with skip_padded_rows(sizes, ids.shape[1]):
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
