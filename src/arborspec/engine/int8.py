@@ -115,7 +115,8 @@ class LiveRows:
 _LIVE_ROWS: ContextVar[LiveRows | None] = ContextVar("arborspec_int8_live_rows", default=None)
 
 # Skip padded rows only when enough of them are padding to pay for the gather and the scatter
-# around each product (benchmarks/tools/batch_forward_probes.py).
+# around each product (measured on eager forwards; a forward replayed from a trace computes them,
+# which costs less: engine/batch_target.py, docs/evaluation.md (i)).
 SKIP_PADDING_BELOW = 0.5
 
 
