@@ -142,8 +142,9 @@ def test_padded_rows_are_skipped_and_live_rows_keep_their_values(monkeypatch):
 
 @pytest.mark.parametrize("skip_below", [0.0, 1.01])
 def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, monkeypatch, skip_below):
-    """Uneven trees in one batched forward (rows padded to the widest): every real row's hidden state is
-    the one its tree gets alone, with the padded rows' products skipped (1.01) or computed (0.0)."""
+    """Uneven trees in one batched eager forward (rows padded to the widest; a replay computes every row,
+    tests/test_traced.py): every real row's hidden state is the one its tree gets alone, with the padded
+    rows' products skipped (1.01) or computed (0.0)."""
     monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", skip_below)
     target = int8_pair[0]
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44]}
@@ -154,12 +155,12 @@ def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, mon
         for i, token in enumerate(extra):
             parent = tree.add(0 if i % 2 else parent, token)
         trees[key] = tree
-    batch = BatchTarget(ModelAdapter(target))
+    batch = BatchTarget(ModelAdapter(target, trace=False))
     for key, ids in prompts.items():
         batch.join(key, ids)
     _, states, _ = batch.verify_forward(trees)
     for key, tree in trees.items():
-        alone = BatchTarget(ModelAdapter(target))
+        alone = BatchTarget(ModelAdapter(target, trace=False))
         alone.join(key, prompts[key])
         _, own, _ = alone.verify_forward({key: tree})
         assert torch.equal(states[key], own[key]), key

@@ -25,13 +25,12 @@ import time
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
-from arborspec.drafters.head_traced import TracedHead
+from arborspec.drafters.head_traced import TracedHead, cache_holding
 from arborspec.engine.sampling import sample
 from arborspec.engine.tree import additive_mask
 from arborspec.models import load_pair
@@ -47,14 +46,6 @@ def median_ms(fn, rounds: int, flush: torch.Tensor | None = None) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return round(1e3 * statistics.median(times), 3)
-
-
-def head_cache(keys: torch.Tensor, values: torch.Tensor, config) -> DynamicCache:
-    layer = DynamicLayer()
-    layer.keys, layer.values, layer.is_initialized = keys, values, True
-    cache = DynamicCache(config=config)
-    cache.layers = [layer]
-    return cache
 
 
 def main() -> None:
@@ -116,10 +107,10 @@ def main() -> None:
             mask = additive_mask(allowed, feats.dtype)[None, None]
 
             def eager():
-                return head(ids, feats, pos, mask, head_cache(keys, values, config))
+                return head(ids, feats, pos, mask, cache_holding(keys, values, config))
 
             def replayed():
-                return traced(ids, feats, pos, mask, head_cache(keys, values, config))
+                return traced(ids, feats, pos, mask, cache_holding(keys, values, config))
 
             out["head_forward"][k] = {
                 "eager": median_ms(eager, 5 * args.rounds),

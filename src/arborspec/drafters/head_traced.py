@@ -30,10 +30,19 @@ from transformers.cache_utils import DynamicLayer
 from ..engine.traced import frozen_trace, replay
 
 
+def cache_holding(keys: torch.Tensor, values: torch.Tensor, config) -> DynamicCache:
+    """A head cache whose one layer is transformers' `DynamicLayer` holding these rows (its update
+    appends the new ones)."""
+    layer = DynamicLayer()
+    layer.keys, layer.values, layer.is_initialized = keys, values, True
+    cache = DynamicCache(config=config)
+    cache.layers = [layer]
+    return cache
+
+
 class _Traceable(nn.Module):
     """The head as a function of tensors: (ids, feats, positions, mask, keys, values) -> (hidden,
-    keys, values). Its one cache layer is transformers' `DynamicLayer` holding the given rows,
-    whose update appends the new ones."""
+    keys, values), over `cache_holding` the given rows."""
 
     def __init__(self, head) -> None:
         super().__init__()
@@ -43,11 +52,9 @@ class _Traceable(nn.Module):
         self.embedding = head._target[0]
 
     def forward(self, ids, feats, positions, mask, keys, values):
-        layer = DynamicLayer()
-        layer.keys, layer.values, layer.is_initialized = keys, values, True
-        cache = DynamicCache(config=self.head.body.config)
-        cache.layers = [layer]
+        cache = cache_holding(keys, values, self.head.body.config)
         hidden = self.head(ids, feats, positions, mask, cache)
+        layer = cache.layers[0]
         return hidden, layer.keys, layer.values
 
 

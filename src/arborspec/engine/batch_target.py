@@ -10,6 +10,7 @@ single-sequence decoding (engine/adapter.py), whose model, head and prefill this
 from __future__ import annotations
 
 from collections.abc import Hashable
+from contextlib import nullcontext
 
 import torch
 
@@ -87,14 +88,11 @@ class BatchTarget:
 
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            if adapter.traced is not None:
-                # a replay computes every row, padding included: skipping the padded rows' int8
-                # products would take the modules' own forward, which costs more than those rows
-                # (docs/evaluation.md (i))
-                return adapter.decoder_forward(ids, pos, mask, rows.cache)
-            # eager forwards: a row's padding (a smaller tree than the widest) costs no int8
-            # product where most rows are padding
-            with skip_padded_rows(sizes, ids.shape[1]):
+            # eager forwards skip the padded rows' int8 products where most rows are padding; a
+            # replay computes every row, which costs less than the eager forward skipping would
+            # take (docs/evaluation.md (i))
+            eager = adapter.traced is None
+            with skip_padded_rows(sizes, ids.shape[1]) if eager else nullcontext():
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
         hidden, width = rows.feed(run, feeds)
