@@ -6,6 +6,7 @@ chi-square test every sampled-distribution test uses (`assert_follows`, `assert_
 from __future__ import annotations
 
 import math
+import os
 import random
 import weakref
 from collections.abc import Callable
@@ -23,6 +24,15 @@ from arborspec.engine.tree import TokenTree
 
 # Tiny test models gain nothing from threads, and parallel threads fight over 2 cores.
 torch.set_num_threads(1)
+
+# The real models use both cores when the tests run in one process. Under pytest-xdist the workers
+# share the cores: one thread per worker, and per process a test starts (OMP_NUM_THREADS), since
+# more threads than cores make every forward wait on the others (a test then runs several times
+# slower than alone).
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+MODEL_THREADS = 1 if XDIST_WORKERS > 1 else 2
+if XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def tiny_llama(seed: int, vocab: int = 96, hidden: int = 48, layers: int = 2, init: float = 0.3, max_pos: int = 512):

@@ -14,6 +14,8 @@ from arborspec.bench.llama_cpp import LLAMA_CPP, LlamaCppPeer
 from arborspec.bench.run import BenchConfig, run_bench
 from arborspec.errors import ArborError
 
+from conftest import MODEL_THREADS
+
 
 def test_without_the_package_the_error_names_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
@@ -57,7 +59,7 @@ def test_llama_cpp_runs_beside_plain_and_speculative_decoding(tmp_path):
         warmup=0,
         out_dir=tmp_path / "run",
         compare_llama_cpp=True,
-        threads=2,
+        threads=MODEL_THREADS,
     )
     header, runs, notes = read_results(run_bench(cfg, quiet=True))
     assert any(LLAMA_CPP in n and "not compared" in n for n in notes)

@@ -11,7 +11,7 @@ from arborspec.api import encode_prompt, eos_ids, load_pair
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.cli import app
 
-from conftest import assert_greedy_identical
+from conftest import MODEL_THREADS, assert_greedy_identical
 
 pytestmark = pytest.mark.slow  # the embedded model
 
@@ -26,7 +26,7 @@ N = 16
 @pytest.fixture(scope="module")
 def pair():
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # a real model: use both cores
+    torch.set_num_threads(MODEL_THREADS)  # a real model (conftest)
     yield load_pair("embedded")
     torch.set_num_threads(threads)
 

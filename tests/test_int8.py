@@ -24,7 +24,7 @@ from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 from arborspec.models import load_model, parse_dtype
 
-from conftest import (GREEDY_PROMPTS as PROMPTS, assert_first_two_follow, assert_greedy_identical, perturbed_copy,
+from conftest import (GREEDY_PROMPTS as PROMPTS, MODEL_THREADS, assert_first_two_follow, assert_greedy_identical, perturbed_copy,
                       tiny_llama)
 
 
@@ -287,7 +287,7 @@ def embedded_int8_pair():
     from arborspec.api import load_pair
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # a real model: use both cores
+    torch.set_num_threads(MODEL_THREADS)  # a real model (conftest)
     yield load_pair("embedded", dtype="int8")
     torch.set_num_threads(threads)
 
