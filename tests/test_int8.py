@@ -142,8 +142,8 @@ def test_padded_rows_are_skipped_and_live_rows_keep_their_values(monkeypatch):
 
 @pytest.mark.parametrize("skip_below", [0.0, 1.01])
 def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, monkeypatch, skip_below):
-    """Uneven trees in one batched eager forward (rows padded to the widest; a replay computes every row,
-    tests/test_traced.py): every real row's hidden state is the one its tree gets alone, with the padded
+    """Uneven trees in one batched eager forward (rows padded to the widest; the replayed forward's skipping
+    is tests/test_traced.py's): every real row's hidden state is the one its tree gets alone, with the padded
     rows' products skipped (1.01) or computed (0.0)."""
     monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", skip_below)
     target = int8_pair[0]

@@ -116,10 +116,11 @@ def test_float32_models_and_several_token_chunks_run_eagerly(int8_target):
     assert len(adapter.traced.traces) == 1
 
 
-def test_a_replayed_batch_computes_its_padded_rows_and_an_eager_one_skips_them(int8_target, monkeypatch):
-    """Padded rows (uneven trees) with skipping forced for every batch: a replaying adapter still runs its
-    trace, padded rows included (skipping them would take the slower eager forward); an eager adapter
-    multiplies only the real rows. Both give each request the hidden states of its tree alone."""
+def test_padded_rows_are_skipped_in_a_replay_as_in_the_eager_forward(int8_target, monkeypatch):
+    """Padded rows (uneven trees) with skipping forced for every batch: a replaying adapter runs a trace
+    of its own that takes the real rows as an input, and multiplies only those, as the eager forward does;
+    the same trace then serves another pattern of tree sizes. Every request gets the hidden states of its
+    tree alone."""
     import arborspec.engine.int8 as int8_module
 
     monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)
@@ -132,19 +133,28 @@ def test_a_replayed_batch_computes_its_padded_rows_and_an_eager_one_skips_them(i
 
     monkeypatch.setattr(int8_module, "int8_rows_product", counted)
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3]}
-    trees = {"a": tree_of(3, 5, seed=1), "b": tree_of(4, 1, seed=2)}
-    states = {}
+    batches = {}
     for trace in (True, False):
-        batch = BatchTarget(ModelAdapter(int8_target, trace=trace))
+        batches[trace] = BatchTarget(ModelAdapter(int8_target, trace=trace))
         for key, ids in prompts.items():
-            batch.join(key, ids)
-        rows_multiplied.clear()
-        states[trace] = batch.verify_forward(trees)[1]
-        # the trace records every row's products, padding included; the eager forward the real rows only
-        assert set(rows_multiplied) == ({2 * 5} if trace else {5 + 1}), trace
-        assert len(batch.adapter.traced.traces) == 1 if trace else batch.adapter.traced is None
-    for key, tree in trees.items():
-        alone = BatchTarget(ModelAdapter(int8_target, trace=False))
-        alone.join(key, prompts[key])
-        own = alone.verify_forward({key: tree})[1][key]
-        assert torch.equal(states[True][key], own) and torch.equal(states[False][key], own), key
+            batches[trace].join(key, ids)
+    patterns = [{"a": tree_of(3, 5, seed=1), "b": tree_of(4, 1, seed=2)},
+                {"a": tree_of(3, 2, seed=3), "b": tree_of(4, 6, seed=4)}]
+    for trees in patterns:
+        real = sum(tree.num_nodes for tree in trees.values())
+        states = {}
+        for trace, batch in batches.items():
+            rows_multiplied.clear()
+            _, states[trace], width = batch.verify_forward(trees)
+            batch.keep({key: [] for key in trees}, width)
+            # eager: the real rows only; replayed: the trace made on the first pattern calls no Python
+            assert set(rows_multiplied) == ({real} if not trace else {real} if trees is patterns[0] else set())
+        assert [key.live for key in batches[True].adapter.traced.traces] == [True]
+        assert batches[False].adapter.traced is None
+        for key in trees:  # alone: the same steps (each kept its root) on the request's own cache
+            alone = BatchTarget(ModelAdapter(int8_target, trace=False))
+            alone.join(key, prompts[key])
+            for earlier in patterns[: patterns.index(trees) + 1]:
+                _, own, width = alone.verify_forward({key: earlier[key]})
+                alone.keep({key: []}, width)
+            assert torch.equal(states[True][key], own[key]) and torch.equal(states[False][key], own[key]), key

@@ -1,4 +1,5 @@
-"""What two choices of the int8 target's batched tree forward save (docs/evaluation.md (i)).
+"""What skipping a batched tree forward's padded rows saves on the int8 target
+(docs/evaluation.md (i)).
 
     .venv/bin/python benchmarks/tools/batch_forward_probes.py \
         --out benchmarks/results/batch-forward-probes.json
@@ -10,18 +11,16 @@ row keeps its root), as a step of batched decoding runs it. Three variants of th
 turn within each round so that drift on the machine hits them alike, each on its own batch and
 adapter:
 
-* `default`: what the engine runs: the forward replayed from a trace (engine/traced.py), every row
-  through the int8 products, padding included, and the float64 attention with the query heads of a
-  key/value group folded into rows where a forward has several query rows
-  (`invariant_attention.attend_float64`);
-* `per-head attention`: the same replay, of a trace made with the fused kernel called per query
-  head (`float64_attention` with `group_queries=False`);
-* `padded rows skipped`: the modules' own forward (an adapter without traces), whose int8 linears
-  multiply only the real rows when at most `SKIP_PADDING_BELOW` of them are real
-  (`int8.skip_padded_rows`), as an eager adapter runs it.
+* `replay, padded rows computed`: the forward replayed from a trace (engine/traced.py), every row
+  through the int8 products, padding included;
+* `replay, padded rows skipped`: the replay of a trace that takes the real rows as an input and
+  multiplies only those (`int8.skip_padded_rows`), paying a gather and a scatter per product;
+* `eager, padded rows skipped`: the modules' own forward (an adapter without traces), multiplying
+  only the real rows.
 
 Each pattern's figures: the median milliseconds per forward of each variant over `--rounds` rounds,
-and each variant's median ratio to `default` over the rounds (paired, round by round).
+and each variant's median ratio to the first over the rounds (paired, round by round). Where the
+rows are all real, the variants that skip have nothing to skip and run as the first.
 """
 
 from __future__ import annotations
@@ -30,24 +29,24 @@ import argparse
 import json
 import statistics
 import time
-from functools import partial
 
 import torch
-from transformers import AttentionInterface
 
 import arborspec.engine.int8 as int8
+from arborspec.engine.int8 import SKIP_PADDING_BELOW
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.invariant_attention import NAME, float64_attention
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
 PATTERNS = {
-    4: ["1,1,1,1", "2,2,2,2", "4,1,2,3", "6,3,1,2", "10,3,6,1", "10,10,10,10"],
+    4: [
+        "1,1,1,1", "2,2,2,2", "4,1,2,3", "8,2,2,2", "8,8,2,2", "6,3,1,2", "10,3,6,1", "10,10,10,10",
+    ],
     8: [
         "1,1,1,1,1,1,1,1",
         "2,2,2,2,2,2,2,2",
@@ -78,19 +77,21 @@ def main() -> None:
     prompts = load_prompts("mt-bench", max(counts))
     ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
 
-    def variant(name: str) -> None:
-        per_head = name == "per-head attention"
-        attention = float64_attention
-        if per_head:
-            attention = partial(float64_attention, group_queries=False)
-        AttentionInterface.register(NAME, attention)
+    names = [
+        "replay, padded rows computed",
+        "replay, padded rows skipped",
+        "eager, padded rows skipped",
+    ]
 
-    names = ["default", "per-head attention", "padded rows skipped"]
+    def variant(name: str) -> None:
+        skip = 0.0 if name == names[0] else 1.01  # below: real rows / rows fed (always 1.0 or less)
+        int8.SKIP_PADDING_BELOW = skip
+
     results = []
     for count in counts:
         batches = {}
-        for name in names:  # each variant's own adapter: its traces record that variant's forward
-            trace = name != "padded rows skipped"
+        for name in names:  # each variant's own adapter and batch
+            trace = not name.startswith("eager")
             batches[name] = BatchTarget(ModelAdapter(pair.target.model, trace=trace))
             for k in range(count):
                 batches[name].join(k, ids[k])
@@ -113,14 +114,13 @@ def main() -> None:
                 for name in names[r % 3:] + names[: r % 3]:
                     variant(name)
                     times[name].append(forward(name, sizes))
-            variant("default")
-            base = times["default"]
+            base = times[names[0]]
             row = {
                 "requests": count,
                 "tree_sizes": sizes,
                 "live_rows": sum(sizes) / (count * max(sizes)),
                 "ms": {n: round(statistics.median(t) * 1e3, 2) for n, t in times.items()},
-                "ratio_to_default": {
+                "ratio_to_first": {
                     n: round(statistics.median(a / b for a, b in zip(times[n], base)), 3)
                     for n in names[1:]
                 },
@@ -133,7 +133,7 @@ def main() -> None:
         "versions": versions(),
         "threads": args.threads,
         "rounds": args.rounds,
-        "skip_padding_below": int8.SKIP_PADDING_BELOW,
+        "skip_padding_below_in_the_engine": SKIP_PADDING_BELOW,
         "prompt_tokens": [len(i) for i in ids],
         "results": results,
     }

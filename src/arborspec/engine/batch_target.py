@@ -10,7 +10,6 @@ single-sequence decoding (engine/adapter.py), whose model, head and prefill this
 from __future__ import annotations
 
 from collections.abc import Hashable
-from contextlib import nullcontext
 
 import torch
 
@@ -88,11 +87,9 @@ class BatchTarget:
 
         def run(ids, pos, allowed, key_pos):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            # eager forwards skip the padded rows' int8 products where most rows are padding; a
-            # replay computes every row, which costs less than the eager forward skipping would
-            # take (docs/evaluation.md (i))
-            eager = adapter.traced is None
-            with skip_padded_rows(sizes, ids.shape[1]) if eager else nullcontext():
+            # the padded rows' int8 products are skipped where most rows are padding (replayed
+            # or eager forward alike, docs/evaluation.md (i))
+            with skip_padded_rows(sizes, ids.shape[1]):
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
         hidden, width = rows.feed(run, feeds)

@@ -115,8 +115,8 @@ class LiveRows:
 _LIVE_ROWS: ContextVar[LiveRows | None] = ContextVar("arborspec_int8_live_rows", default=None)
 
 # Skip padded rows only when enough of them are padding to pay for the gather and the scatter
-# around each product (measured on eager forwards; a forward replayed from a trace computes them,
-# which costs less: engine/batch_target.py, docs/evaluation.md (i)).
+# around each product, in the modules' own forward and in one replayed from a trace
+# (engine/traced.py) alike (docs/evaluation.md (i)).
 SKIP_PADDING_BELOW = 0.5
 
 
@@ -128,25 +128,32 @@ def skip_padded_rows(sizes: list[int], width: int):
 
     A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
     every row is quantised and summed on its own (module doc), so a product over fewer rows
-    gives each of them the same values. Nothing happens when most rows are real.
+    gives each of them the same values. Nothing happens unless fewer than `SKIP_PADDING_BELOW`
+    of the rows are real.
     """
     total = len(sizes) * width
     if sum(sizes) >= SKIP_PADDING_BELOW * total:
         yield
         return
     index = torch.cat([torch.arange(size) + b * width for b, size in enumerate(sizes)])
-    token = _LIVE_ROWS.set(LiveRows(index, total))
+    with live_rows_are(LiveRows(index, total)):
+        yield
+
+
+@contextmanager
+def live_rows_are(live: LiveRows):
+    """The int8 linears of this block multiply only `live`'s rows of inputs of `live.total` rows
+    (`skip_padded_rows`; a trace of the decoder sets its own input index here while it records)."""
+    token = _LIVE_ROWS.set(live)
     try:
         yield
     finally:
         _LIVE_ROWS.reset(token)
 
 
-def skipping_padded_rows() -> bool:
-    """Whether padded rows are being skipped (inside `skip_padded_rows`, with most rows padding):
-    only the eager forward skips them; a trace of the decoder (engine/traced.py) runs every
-    product it recorded."""
-    return _LIVE_ROWS.get() is not None
+def live_rows() -> LiveRows | None:
+    """The rows being multiplied inside `skip_padded_rows` (None: every row)."""
+    return _LIVE_ROWS.get()
 
 
 def int8_rows_linear(

@@ -27,7 +27,9 @@ copies).
 A forward's sizes (rows, batch, cache length) are read from its tensors in the replay. Python
 decisions that depend on them are recorded as taken when traced: the float64 attention decides
 between one query row and several, so a trace is kept per `TraceKey` (batch of one or more, one
-row or more, mask or none) and made on the first forward of its kind (about a second for the
+row or more, mask or none, int8 products over every row or over the real rows of a batch with
+padding, `int8.skip_padded_rows`, which rows being an input) and made on the first forward of its
+kind (about a second for the
 embedded target). Traces live in memory with the adapter that made them, for the process.
 
 `torch.jit.trace` is deprecated by PyTorch in favour of `torch.compile` and `torch.export`, which
@@ -39,6 +41,7 @@ turns it off.
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +50,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..common.hf_cache import cache_kwargs
-from .int8 import skipping_padded_rows
+from .int8 import LiveRows, live_rows, live_rows_are
 from .kv_cache import Float64Layer
 
 
@@ -82,43 +85,52 @@ class _TracedLayer(DynamicLayer):
 
 
 class _Traceable(nn.Module):
-    """The decoder as a function of tensors only: (ids, positions, [mask,] start, buffers...) ->
-    last hidden states `[B, N, H]`."""
+    """The decoder as a function of tensors only: (ids, positions, [mask,] [live rows,] start,
+    buffers...) -> last hidden states `[B, N, H]`."""
 
-    def __init__(self, decoder: nn.Module, masked: bool) -> None:
+    def __init__(self, decoder: nn.Module, masked: bool, live: bool) -> None:
         super().__init__()
-        self.decoder, self.masked = decoder, masked
+        self.decoder, self.masked, self.live = decoder, masked, live
 
     def forward(self, input_ids, position_ids, *rest):
         mask, rest = (rest[0], rest[1:]) if self.masked else (None, rest)
+        index, rest = (rest[0], rest[1:]) if self.live else (None, rest)
         start, buffers = rest[0], rest[1:]
         cache = DynamicCache(config=self.decoder.config)
         cache.layers = [
             _TracedLayer(buffers[i], buffers[i + 1], start) for i in range(0, len(buffers), 2)
         ]
-        out = self.decoder(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask,
-            use_cache=True,
-            **cache_kwargs(self.decoder, cache),
-        )
+        skip = nullcontext()
+        if index is not None:  # the int8 products gather this input's rows (engine/int8.py)
+            skip = live_rows_are(LiveRows(index, input_ids.shape[0] * input_ids.shape[1]))
+        with skip:
+            out = self.decoder(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                use_cache=True,
+                **cache_kwargs(self.decoder, cache),
+            )
         return out[0] if isinstance(out, tuple) else out.last_hidden_state
 
 
 @dataclass(frozen=True)
 class TraceKey:
     """The Python decisions a trace records: several sequences or one, several query rows or one,
-    and whether a mask is passed (and its kind)."""
+    whether a mask is passed (and its kind), and whether the int8 products take only some rows
+    (`int8.skip_padded_rows`; which rows is an input of the replay)."""
 
     batched: bool
     rows: bool
     mask: tuple[torch.dtype, int, int] | None  # dtype, dimensions, heads
+    live: bool = False
 
     @classmethod
-    def of(cls, input_ids: torch.Tensor, mask: torch.Tensor | None) -> "TraceKey":
+    def of(
+        cls, input_ids: torch.Tensor, mask: torch.Tensor | None, live: bool = False
+    ) -> "TraceKey":
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
-        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind)
+        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live)
 
 
 class TracedDecoder:
@@ -133,15 +145,14 @@ class TracedDecoder:
         """Whether this forward can run from a trace: every cache layer a `Float64Layer`, holding
         rows (every forward writes all layers, so the first tells; a prefill from an empty cache
         runs eagerly: its attention takes the causal flag, which a trace of a later forward did not
-        record), no padded rows being skipped (the trace runs every product it recorded), one mask
-        tensor or none, and a plain chunk (no mask) of one row only."""
+        record), one mask tensor or none, and a plain chunk (no mask) of one row only. Padded rows
+        being skipped are skipped by a trace of its own, which takes the real rows as an input."""
         layers = getattr(cache, "layers", None)
         if (
             not layers
             or any(type(layer) is not Float64Layer for layer in layers)
             or not layers[0].is_initialized
             or layers[0].length == 0
-            or skipping_padded_rows()
         ):
             return False
         if mask is None:
@@ -162,21 +173,24 @@ class TracedDecoder:
         for layer in layers:
             layer.reserve(end)
             buffers += layer.buffers
+        live = live_rows()
+        if live is not None and live.total != input_ids.numel():
+            live = None  # not this forward's rows
         args = (input_ids, position_ids) + (() if mask is None else (mask,))
-        args += (torch.tensor(start),) + tuple(buffers)
-        key = TraceKey.of(input_ids, mask)
+        args += (() if live is None else (live.index,)) + (torch.tensor(start),) + tuple(buffers)
+        key = TraceKey.of(input_ids, mask, live is not None)
         trace = self.traces.get(key)
         if trace is None:
-            trace = self.traces[key] = self._trace(args, mask is not None)
+            trace = self.traces[key] = self._trace(args, mask is not None, live is not None)
         hidden = replay(trace, args)
         for layer in layers:
             layer.extend_to(end)
         return hidden
 
-    def _trace(self, args: tuple, masked: bool) -> torch.jit.ScriptModule:
+    def _trace(self, args: tuple, masked: bool, live: bool) -> torch.jit.ScriptModule:
         """Record one forward (its writes land in the cache, and are written again by the replay
         that follows with the same values)."""
-        return frozen_trace(_Traceable(self.decoder, masked), args)
+        return frozen_trace(_Traceable(self.decoder, masked, live), args)
 
 
 def frozen_trace(module: nn.Module, args: tuple) -> torch.jit.ScriptModule:
