@@ -89,6 +89,69 @@ def test_the_int8_product_uses_the_documented_rounding_of_each_activation():
     assert not torch.equal(y, product(plain))
 
 
+needs_amx = pytest.mark.skipif(not int8_module.amx_int8(), reason="no AMX int8 on this CPU: oneDNN's int8 path is off")
+
+
+@needs_amx
+def test_onednn_products_are_fbgemms_bit_for_bit(monkeypatch):
+    """From `ONEDNN_MIN_ROWS` rows on a product runs through oneDNN: on activations just below half-way
+    points (where the 8-bit rounding can part) and on random rows of 1 to 70, over three weight shapes, its
+    output equals fbgemm's bit for bit. Negative control: oneDNN fed round(x) + 128 instead of the kernel's
+    round(x + 128) gives other values on the same rows, so the rows do exercise the rounding."""
+    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 1)
+    torch.manual_seed(0)
+    ulp = 2.0 ** -17
+    for out_features, in_features in ((48, 256), (1536, 576), (576, 1536)):
+        weight = torch.randn(out_features, in_features) * 0.05
+        packed = pack_int8_weight(weight)
+        onednn = int8_module.onednn_int8_weight(packed)
+        units = torch.randint(64, 126, (40, in_features)).float() + 0.5 - ulp
+        units[:, 0] = 127.0
+        batches = [units / 4] + [torch.randn(n, in_features) * 3 for n in (1, 2, 31, 32, 33, 70)]
+        for rows in batches:
+            fbgemm = int8_rows_product(rows, packed)[0]
+            assert torch.equal(int8_rows_product(rows, packed, onednn)[0], fbgemm), rows.shape
+        values = (units.round() + 128).to(torch.uint8)
+        other = torch.ops.onednn.qlinear_pointwise(
+            values, 1.0, 128, onednn[0], onednn[1], onednn[2], None, 1.0, 0, torch.float32, "none", [], "")
+        assert not torch.equal(other * 0.25, int8_rows_product(units / 4, packed)[0])
+
+
+@needs_amx
+def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
+    """One trace replays forwards of any number of rows: with oneDNN from 2 rows, a replayed tree forward
+    runs oneDNN's kernel (profiled) and a one-row step fbgemm's, and both equal an eager adapter's that
+    only ever runs fbgemm, bit for bit."""
+    model = tiny_llama(3, vocab=96, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    target = quantize_int8(copy.deepcopy(model), [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
+    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 2)
+    traced = ModelAdapter(target)
+    prompt = torch.randint(3, 96, (12,), generator=gen)
+    traced.prefill(prompt)
+    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 10**9)
+    eager = ModelAdapter(target, trace=False)
+    eager.prefill(prompt)
+    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 2)
+    for step, size in enumerate((1, 6, 1, 9)):
+        tree = TokenTree.from_root(7 + step)
+        for j in range(size - 1):
+            tree.add(j // 2, 20 + j)
+        out = []
+        for adapter in (traced, eager):
+            adapter.capture_hidden(True)
+            with torch.profiler.profile() as prof:
+                adapter.tree_forward(tree, lazy=True)
+            out.append(adapter.last_hidden.clone())
+            calls = sum(e.count for e in prof.key_averages() if e.key == "onednn::qlinear_pointwise")
+            expect = adapter is traced and size > 1
+            assert (calls > 0) == expect, (step, calls)
+            adapter.compact(adapter.cache_len - size, [adapter.cache_len - size])
+            monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 10**9 if adapter is traced else 2)
+        assert torch.equal(out[0], out[1]), step
+    assert len(traced.traced.traces) == 2
+
+
 def test_a_group_of_linears_gives_each_member_its_own_int8_product_and_holds_nothing_after():
     torch.manual_seed(1)
     linears = [torch.nn.Linear(48, n, bias=b) for n, b in ((48, True), (24, False), (24, True))]
@@ -208,7 +271,12 @@ def test_a_prefill_through_the_causal_flag_gives_each_row_its_value_alone():
         assert torch.equal(flagged[:, i], alone[:, 0]), i
 
 
-def test_int8_forward_is_bitwise_batch_invariant(int8_pair):
+@pytest.mark.parametrize("onednn_from", [None, 2])
+def test_int8_forward_is_bitwise_batch_invariant(int8_pair, monkeypatch, onednn_from):
+    """Whole forwards = the same tokens in chunks, bit for bit; with `onednn_from` 2 (where the CPU has
+    AMX), chunks of one token and of several run different kernels."""
+    if onednn_from is not None:
+        monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", onednn_from)
     target = int8_pair[0]
     assert target.config._attn_implementation == NAME
     ids = torch.tensor([[5, 17, 33, 8, 9, 40, 11, 12, 70, 3, 3, 60, 61, 62, 1, 44]])
