@@ -104,7 +104,7 @@ def test_onednn_products_are_fbgemms_bit_for_bit(monkeypatch):
     for out_features, in_features in ((48, 256), (1536, 576), (576, 1536)):
         weight = torch.randn(out_features, in_features) * 0.05
         packed = pack_int8_weight(weight)
-        onednn = int8_module.onednn_int8_weight(packed)
+        onednn = int8_module.OneDnnWeight(packed)
         units = torch.randint(64, 126, (40, in_features)).float() + 0.5 - ulp
         units[:, 0] = 127.0
         batches = [units / 4] + [torch.randn(n, in_features) * 3 for n in (1, 2, 31, 32, 33, 70)]
@@ -113,43 +113,85 @@ def test_onednn_products_are_fbgemms_bit_for_bit(monkeypatch):
             assert torch.equal(int8_rows_product(rows, packed, onednn)[0], fbgemm), rows.shape
         values = (units.round() + 128).to(torch.uint8)
         other = torch.ops.onednn.qlinear_pointwise(
-            values, 1.0, 128, onednn[0], onednn[1], onednn[2], None, 1.0, 0, torch.float32, "none", [], "")
+            values, 1.0, 128, onednn.weight, onednn.scales, onednn.zeros, None, 1.0, 0, torch.float32, "none", [], "")
         assert not torch.equal(other * 0.25, int8_rows_product(units / 4, packed)[0])
 
 
 @needs_amx
 def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
-    """One trace replays forwards of any number of rows: with oneDNN from 2 rows, a replayed tree forward
-    runs oneDNN's kernel (profiled) and a one-row step fbgemm's, and both equal an eager adapter's that
-    only ever runs fbgemm, bit for bit."""
+    """With oneDNN from 6 rows: replayed tree forwards of 9 rows run oneDNN's kernel (profiled), those of 1
+    and 3 rows fbgemm's, each kind of forward from its own trace; in a batch whose padded rows are skipped,
+    one trace, recorded where 5 rows are real (fbgemm), runs oneDNN where 6 are (the choice made in the replay).
+    Every hidden state equals that of an eager adapter that only ever runs fbgemm, bit for bit."""
     model = tiny_llama(3, vocab=96, layers=2)
     gen = torch.Generator().manual_seed(0)
     target = quantize_int8(copy.deepcopy(model), [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
-    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 2)
-    traced = ModelAdapter(target)
+    fbgemm_only, onednn_from = 10**9, 6
+
+    def run(adapter, forward):
+        """`forward()`'s result and whether it called oneDNN; the traced adapter with oneDNN from 6 rows,
+        the eager one never."""
+        monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", onednn_from if adapter.traced else fbgemm_only)
+        with torch.profiler.profile() as prof:
+            out = forward()
+        return out, any(e.key == "onednn::qlinear_pointwise" for e in prof.key_averages())
+
     prompt = torch.randint(3, 96, (12,), generator=gen)
-    traced.prefill(prompt)
-    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 10**9)
-    eager = ModelAdapter(target, trace=False)
-    eager.prefill(prompt)
-    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 2)
-    for step, size in enumerate((1, 6, 1, 9)):
+    adapters = [ModelAdapter(target), ModelAdapter(target, trace=False)]
+    for adapter in adapters:
+        run(adapter, lambda: adapter.prefill(prompt))
+    for step, size in enumerate((1, 9, 3, 9, 1)):
         tree = TokenTree.from_root(7 + step)
         for j in range(size - 1):
             tree.add(j // 2, 20 + j)
         out = []
-        for adapter in (traced, eager):
+        for adapter in adapters:
             adapter.capture_hidden(True)
-            with torch.profiler.profile() as prof:
-                adapter.tree_forward(tree, lazy=True)
+            _, onednn = run(adapter, lambda: adapter.tree_forward(tree, lazy=True))
+            assert onednn == (adapter is adapters[0] and size >= onednn_from), (step, adapter.traced)
             out.append(adapter.last_hidden.clone())
-            calls = sum(e.count for e in prof.key_averages() if e.key == "onednn::qlinear_pointwise")
-            expect = adapter is traced and size > 1
-            assert (calls > 0) == expect, (step, calls)
             adapter.compact(adapter.cache_len - size, [adapter.cache_len - size])
-            monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 10**9 if adapter is traced else 2)
         assert torch.equal(out[0], out[1]), step
-    assert len(traced.traced.traces) == 2
+    assert sorted(key.many for key in adapters[0].traced.traces) == [False, False, True]
+
+    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)  # skip padded rows in every batch
+    prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3]}
+    batches = [BatchTarget(ModelAdapter(target)), BatchTarget(ModelAdapter(target, trace=False))]
+    for batch in batches:
+        for key, ids in prompts.items():
+            run(batch.adapter, lambda: batch.join(key, ids))
+    for sizes, real in (((4, 1), 5), ((5, 1), 6)):  # 8 and 10 rows fed: both oneDNN-sized forwards
+        trees = {key: TokenTree.from_root(9) for key in prompts}
+        for j in range(sizes[0] - 1):
+            trees["a"].add(0, 30 + j)
+        states = []
+        for batch in batches:
+            (_, state, width), onednn = run(batch.adapter, lambda: batch.verify_forward(trees))
+            assert onednn == (batch is batches[0] and real >= onednn_from), (sizes, batch.adapter.traced)
+            states.append(state)
+            batch.keep({key: [] for key in prompts}, width)
+        for key in prompts:
+            assert torch.equal(states[0][key], states[1][key]), (sizes, key)
+    assert [(key.live, key.many) for key in batches[0].adapter.traced.traces] == [(True, True)]
+
+
+@needs_amx
+def test_a_deep_copy_packs_its_own_onednn_weights_and_computes_the_same(int8_pair, monkeypatch):
+    """oneDNN's packed tensors cannot be copied: a deep copy of an int8 model packs its own (one per linear
+    and per group, the group's shared with its first member) and gives the same hidden states through them."""
+    monkeypatch.setattr(int8_module, "ONEDNN_MIN_ROWS", 2)
+    target = int8_pair[0]
+    clone = copy.deepcopy(target)
+    ids = torch.tensor([[5, 17, 33, 8, 9, 40, 11, 12]])
+    with torch.no_grad():
+        assert torch.equal(clone.model(ids).last_hidden_state, target.model(ids).last_hidden_state)
+    for original, copied in zip(target.modules(), clone.modules()):
+        if isinstance(original, int8_module.OneDnnWeight):
+            assert copied.weight is not original.weight and copied.packed is not original.packed
+        group = getattr(copied, "group", None)
+        if group is not None:
+            assert copied.onednn is (group.onednn if copied.index == 0 else None)
+            assert copied._packed is group.packed and group.members[copied.index] is copied
 
 
 def test_a_group_of_linears_gives_each_member_its_own_int8_product_and_holds_nothing_after():

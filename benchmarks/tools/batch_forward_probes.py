@@ -37,7 +37,7 @@ from arborspec.engine.int8 import SKIP_PADDING_BELOW
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.tree import TokenTree
@@ -128,9 +128,7 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), flush=True)
     out = {
-        "measured": utc_timestamp(),
-        "machine": machine_info(),
-        "versions": versions(),
+        **stamp(),
         "threads": args.threads,
         "rounds": args.rounds,
         "skip_padding_below_in_the_engine": SKIP_PADDING_BELOW,

@@ -37,7 +37,7 @@ from arborspec.bench.concurrency import clients_of, closed_loop, expand_batch_me
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages, eos_ids
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.common.timing import clock
 from arborspec.engine.batch_decode import BatchDecoder, BatchRequest
 from arborspec.engine.decode import DecodeConfig
@@ -213,9 +213,7 @@ def main() -> None:
             }
         )
     out = {
-        "measured": utc_timestamp(),
-        "machine": machine_info(),
-        "versions": versions(),
+        **stamp(),
         "threads": args.threads,
         "concurrency": args.concurrency,
         "prompts": len(ids),

@@ -10,6 +10,8 @@ forward timed in turn with both within every round (drift on the machine hits th
 `int8.ONEDNN_MIN_ROWS` rows or more through oneDNN's, the engine's setting). Every output is the
 same bit for bit (checked here on each forward), so only the time differs.
 
+* one product, the first layer's gate/up projection (3072 x 576) on 1, 16, 48 and 64 random rows,
+  `fbgemm` against `oneDNN` on every row count (microseconds per call, 200 calls a round);
 * prompt prefills (eager forwards) of 64, 256 and 1024 tokens of this repository's README;
 * batched tree forwards replayed from traces (engine/batch_target.py): `requests` MT-Bench prompts,
   each with a star tree of `nodes` rows (root included), every row through the products.
@@ -32,13 +34,14 @@ import arborspec.engine.int8 as int8
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
 NEVER = 10**9
+PRODUCT_CALLS = 200
 BATCHES = [(4, 10), (8, 8), (16, 1), (16, 4)]  # (requests, rows per request)
 
 
@@ -82,6 +85,22 @@ def main() -> None:
     engine = int8.ONEDNN_MIN_ROWS
     settings = {"fbgemm": NEVER, f"oneDNN from {engine} rows": engine}
     results = []
+    group = model.model.layers[0].mlp.gate_proj.group
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 16, 48, 64):
+        rows = torch.randn(n, group.members[0].in_features, generator=gen)
+
+        def product(_name, rows=rows):
+            t0 = time.perf_counter()
+            for _ in range(PRODUCT_CALLS):
+                out = int8.int8_rows_product(rows, group.packed, group.onednn)[0]
+            # seconds per call x 1000: `paired`'s milliseconds are then microseconds per call
+            return (time.perf_counter() - t0) / PRODUCT_CALLS * 1e3, out
+
+        us, ratio = paired(product, {"fbgemm": NEVER, "oneDNN": 1}, args.rounds)
+        case = f"one product {group.out_features} x {rows.shape[1]}, {n} rows"
+        results.append({"case": case, "us_per_call": us, "ratio": ratio})
+        print(json.dumps(results[-1]), flush=True)
     readme = Path(__file__).resolve().parents[2] / "README.md"
     text_ids = pair.tokenizer(readme.read_text(), return_tensors="pt").input_ids
     for tokens in (64, 256, 1024):
@@ -136,9 +155,7 @@ def main() -> None:
             "threads": args.threads,
             "onednn_min_rows": engine,
             "results": results,
-            "measured": utc_timestamp(),
-            "machine": machine_info(),
-            "versions": versions(),
+            **stamp(),
         },
         args.out,
     )

@@ -30,7 +30,7 @@ import arborspec.engine.invariant_attention as attention
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.lm_head import GreedyScreen
 from arborspec.models import load_pair
@@ -166,9 +166,7 @@ def main() -> None:
         prefill = prefill_probe(adapter, longest, lengths, args.rounds)
     write_json_atomic(
         {
-            "measured": utc_timestamp(),
-            "machine": machine_info(),
-            "versions": versions(),
+            **stamp(),
             "threads": args.threads,
             "answer_rows": int(hidden.shape[0]),
             "screen": screen,

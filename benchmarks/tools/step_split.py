@@ -28,7 +28,7 @@ from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.builders import make_builder, parse_params
 from arborspec.common.chat import encode_messages, eos_ids
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.lm_head import GreedyScreen, HeadRows
@@ -172,9 +172,7 @@ def main() -> None:
             "temperature": args.temperature,
             "rows": rows,
             "trace_seconds": trace_seconds,
-            "measured": utc_timestamp(),
-            "machine": machine_info(),
-            "versions": versions(),
+            **stamp(),
         },
         args.out,
     )

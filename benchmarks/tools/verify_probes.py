@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
-from arborspec.common.provenance import machine_info, utc_timestamp, versions
+from arborspec.common.provenance import stamp
 from arborspec.drafters.head_traced import TracedHead, cache_holding
 from arborspec.engine.sampling import sample
 from arborspec.engine.tree import additive_mask
@@ -123,9 +123,7 @@ def main() -> None:
             "command": "benchmarks/tools/verify_probes.py",
             "rounds": args.rounds,
             **out,
-            "measured": utc_timestamp(),
-            "machine": machine_info(),
-            "versions": versions(),
+            **stamp(),
         },
         args.out,
     )

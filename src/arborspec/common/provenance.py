@@ -1,5 +1,5 @@
 """What every file a tool writes records about where it was made: the machine, the
-versions and the time."""
+versions and the time; and what the CPU can do (`cpu_flags`, which picks the int8 kernels)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,30 @@ def machine_info(device: torch.device | str | None = None) -> dict:
 
 def cpu_model() -> str:
     """The CPU's model name where the OS tells it (Linux: /proc/cpuinfo), else ""."""
+    return _cpuinfo("model name")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags where the OS tells them (Linux: /proc/cpuinfo), else none."""
+    return set(_cpuinfo("flags").split())
+
+
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo, else ""."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.split(":", 1)[0].strip() == field:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def stamp() -> dict:
+    """When, on what and with which versions a measurement was made: `measured`, `machine`,
+    `versions`, for a tool's JSON file."""
+    return {"measured": utc_timestamp(), "machine": machine_info(), "versions": versions()}
 
 
 def versions() -> dict:

@@ -25,8 +25,9 @@ the target's logits decide the output, and no option quantises the head (docs/al
 Where the CPU has AMX int8 tiles, products of `ONEDNN_MIN_ROWS` rows or more (prefills, batched
 forwards) run through oneDNN's int8 linear instead (`torch.ops.onednn`, what inductor's x86 int8
 path calls): the same 8-bit inputs, the same exact integer sums and the same float32 scaling as
-fbgemm's kernel, so every output is bit for bit fbgemm's (tests), at a cost that hardly grows with
-the rows but ~15 us more per call; below that many rows fbgemm is faster (docs/algorithms.md §8).
+fbgemm's kernel, so every output is bit for bit fbgemm's (tests), at a cost that grows more slowly
+with the rows but is higher for a few; below that many rows fbgemm is faster (docs/algorithms.md
+§8).
 
 fbgemm's kernels are reached through `torch.ops.quantized` (the quantised-tensor API that PyTorch
 has deprecated): torchao's CPU int8 configurations were either slower than float32 here
@@ -47,6 +48,7 @@ from typing import List, Optional, Union
 import torch
 import torch.nn as nn
 
+from ..common.provenance import cpu_flags
 from ..errors import ArborError
 from .invariant_attention import use_float64_attention
 
@@ -100,43 +102,48 @@ ONEDNN_MIN_ROWS = 48
 @cache
 def amx_int8() -> bool:
     """Whether this CPU has AMX int8 tiles and this PyTorch build oneDNN's int8 linear."""
-    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_int8" in line for line in f)
-    except OSError:
-        return False
+    return hasattr(torch.ops.onednn, "qlinear_pointwise") and "amx_int8" in cpu_flags()
 
 
-def onednn_int8_weight(packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """oneDNN's packed copy of fbgemm's int8 weight (the same int8 values and per-channel scales),
-    its float32 scales and zero points; None where `amx_int8()` is False."""
-    if not amx_int8():
-        return None
-    values = packed_int8_values(packed)
-    with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
-        warnings.simplefilter("ignore")
-        scales = torch.ops.quantized.linear_unpack(packed)[0].q_per_channel_scales().float()
-    zeros = torch.zeros(values.shape[0], dtype=torch.long)
-    return torch.ops.onednn.qlinear_prepack(values, None), scales, zeros
+def onednn_rows(rows: int) -> bool:
+    """Whether products of a forward of `rows` rows may run through oneDNN (module doc)."""
+    return rows >= ONEDNN_MIN_ROWS and amx_int8()
 
 
-def _onednn_product(
-    scaled: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
-) -> torch.Tensor:
-    """fbgemm's product (`_Q_DQ_LINEAR` at scale 1, zero point 128) through oneDNN: the inputs
-    rounded to the same unsigned 8-bit values round(x + 128), the same integer sums and scaling."""
-    values = scaled.add(ACT_ZERO).round_().to(torch.uint8)
-    return torch.ops.onednn.qlinear_pointwise(
-        values, 1.0, ACT_ZERO, weight, scales, zeros, None, 1.0, 0, torch.float32, "none", [], ""
-    )
+class OneDnnWeight(nn.Module):
+    """oneDNN's packed copy of an fbgemm int8 weight: the same int8 values and per-channel scales
+    (module doc). Its tensors are buffers, so a trace of the decoder (engine/traced.py) records
+    them; oneDNN's packed tensor cannot be copied, so a deep copy packs its own from the copied
+    fbgemm weight."""
+
+    def __init__(self, packed) -> None:
+        super().__init__()
+        self.packed = packed
+        values = packed_int8_values(packed)
+        with warnings.catch_warnings():  # the quantised-tensor API is deprecated (module doc)
+            warnings.simplefilter("ignore")
+            scales = torch.ops.quantized.linear_unpack(packed)[0].q_per_channel_scales()
+        weight = torch.ops.onednn.qlinear_prepack(values, None)
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("scales", scales.float(), persistent=False)
+        self.register_buffer("zeros", torch.zeros(len(values), dtype=torch.long), persistent=False)
+
+    @classmethod
+    def of(cls, packed) -> "OneDnnWeight | None":
+        """The copy where `amx_int8()`, else None (fbgemm runs every product)."""
+        return cls(packed) if amx_int8() else None
+
+    def __deepcopy__(self, memo: dict) -> "OneDnnWeight":
+        return OneDnnWeight(copy.deepcopy(self.packed, memo))
 
 
 @cache
-def _traced_product():
-    """The kernel choice by row count inside a trace (engine/traced.py), where one trace replays
-    forwards of any number of rows: a TorchScript function, so the choice is made at replay."""
+def _product_by_rows():
+    """fbgemm's product (`_Q_DQ_LINEAR` at scale 1, zero point `zero`), through oneDNN from
+    `min_rows` rows on: the inputs rounded to the same unsigned 8-bit values round(x + zero), the
+    same integer sums and scaling. A TorchScript function, so that inside a trace
+    (engine/traced.py), where one trace replays forwards of any number of rows, the choice is made
+    at each replay."""
 
     def product(
         scaled: torch.Tensor,
@@ -144,50 +151,44 @@ def _traced_product():
         weight: torch.Tensor,
         scales: torch.Tensor,
         zeros: torch.Tensor,
+        zero: int,
         min_rows: int,
     ) -> torch.Tensor:
         if scaled.shape[0] >= min_rows:
-            values = scaled.add(128.0).round_().to(torch.uint8)
-            no_args: List[Optional[Union[int, float, complex]]] = []
+            values = scaled.add(zero).round_().to(torch.uint8)
+            no_post_op: List[Optional[Union[int, float, complex]]] = []
             return torch.ops.onednn.qlinear_pointwise(
-                values,
-                1.0,
-                128,
-                weight,
-                scales,
-                zeros,
-                None,
-                1.0,
-                0,
-                torch.float32,
-                "none",
-                no_args,
-                "",
-            )
+                values, 1.0, zero, weight, scales, zeros, None, 1.0, 0,
+                torch.float32, "none", no_post_op, "",
+            )  # fmt: skip
         return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            scaled, 1.0, 128, packed
+            scaled, 1.0, zero, packed
         )
 
     return torch.jit.script(product)
 
 
 def int8_rows_product(
-    rows: torch.Tensor, packed, onednn: tuple[torch.Tensor, ...] | None = None
+    rows: torch.Tensor, packed, onednn: OneDnnWeight | None = None, forward_rows: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with
     integer sums `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`,
-    the scales `[N, 1]`). `onednn`: the weight's `onednn_int8_weight`, used from
-    `ONEDNN_MIN_ROWS` rows on (the same values bit for bit)."""
+    the scales `[N, 1]`). `onednn`: the weight's oneDNN copy, used from `ONEDNN_MIN_ROWS` rows on
+    (the same values bit for bit); `forward_rows`: the rows of the whole forward where `rows` are
+    some of them (padded rows skipped)."""
     # max |x| per row. Not `linalg.vector_norm(ord=inf)`: the same values, but its kernel is not
     # vectorised across rows (8x slower at 16 rows; benchmarks/tools/kernel_probes.py)
     scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
     scaled = rows / scale
-    if onednn is None:
-        y = _Q_DQ_LINEAR(scaled, 1.0, ACT_ZERO, packed)
-    elif torch.jit.is_tracing():
-        y = _traced_product()(scaled, packed, *onednn, ONEDNN_MIN_ROWS)
-    elif rows.shape[0] >= ONEDNN_MIN_ROWS:
-        y = _onednn_product(scaled, *onednn)
+    # A trace of a forward with rows enough for oneDNN records the choice itself
+    # (`_product_by_rows`: the real rows of a padded batch vary from replay to replay); one of
+    # fewer rows (a separate trace, engine/traced.py), like an eager call below the threshold,
+    # calls fbgemm's entry point directly (no call of the choice per product in a replay).
+    many = onednn is not None and onednn_rows(max(rows.shape[0], forward_rows))
+    if many and (torch.jit.is_tracing() or rows.shape[0] >= ONEDNN_MIN_ROWS):
+        y = _product_by_rows()(
+            scaled, packed, onednn.weight, onednn.scales, onednn.zeros, ACT_ZERO, ONEDNN_MIN_ROWS
+        )
     else:
         y = _Q_DQ_LINEAR(scaled, 1.0, ACT_ZERO, packed)
     return y.mul_(scale), scaled, scale
@@ -257,7 +258,7 @@ def int8_rows_linear(
     packed,
     bias: torch.Tensor | None,
     out_features: int,
-    onednn: tuple[torch.Tensor, ...] | None = None,
+    onednn: OneDnnWeight | None = None,
 ) -> torch.Tensor:
     """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products
     summed in integers (only the live rows inside `skip_padded_rows`; `onednn`: as for
@@ -266,42 +267,13 @@ def int8_rows_linear(
     live = _LIVE_ROWS.get()
     if live is not None and live.total == rows.shape[0]:
         y = rows.new_zeros(rows.shape[0], out_features)
-        real = int8_rows_product(rows.index_select(0, live.index), packed, onednn)[0]
+        real = int8_rows_product(rows.index_select(0, live.index), packed, onednn, live.total)[0]
         y.index_copy_(0, live.index, real)
     else:
         y = int8_rows_product(rows, packed, onednn)[0]
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], out_features).to(x.dtype)
-
-
-_ONEDNN_BUFFERS = ("onednn_weight", "onednn_scales", "onednn_zeros")
-
-
-def _hold_onednn(module: nn.Module, onednn: tuple[torch.Tensor, ...] | None) -> None:
-    """`onednn` as non-persistent buffers of `module`: a trace of the decoder (engine/traced.py)
-    records the tensors it finds among its modules' buffers."""
-    for name, tensor in zip(_ONEDNN_BUFFERS, onednn or (None,) * len(_ONEDNN_BUFFERS)):
-        module.register_buffer(name, tensor, persistent=False)
-
-
-def _copy_without_onednn(obj, memo: dict, modules: list[nn.Module]):
-    """A deep copy of `obj` (an `Int8Linear` or `Int8Group`, whose `modules` hold its oneDNN weight
-    as buffers) made without the oneDNN tensors, which cannot be copied; the copy packs its own."""
-    held, buffers = obj.onednn, [dict(m._buffers) for m in modules]
-    obj.onednn = None
-    for m in modules:
-        _hold_onednn(m, None)
-    try:
-        clone = copy.copy(obj)
-        memo[id(obj)] = clone
-        clone.__dict__ = copy.deepcopy(obj.__dict__, memo)
-    finally:
-        obj.onednn = held
-        for m, saved in zip(modules, buffers):
-            m._buffers.update(saved)
-    clone.onednn = None if held is None else onednn_int8_weight(clone._packed_weight())
-    return clone
 
 
 class Int8Linear(nn.Module):
@@ -314,19 +286,10 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().float().cpu()
         self.register_buffer("bias", bias, persistent=False)
-        self.onednn = onednn_int8_weight(self._packed)
-        _hold_onednn(self, self.onednn)
+        self.onednn = OneDnnWeight.of(self._packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return int8_rows_linear(x, self._packed, self.bias, self.out_features, self.onednn)
-
-    def _packed_weight(self):
-        return self._packed
-
-    def __deepcopy__(self, memo: dict) -> "Int8Linear":
-        clone = _copy_without_onednn(self, memo, [self])
-        _hold_onednn(clone, clone.onednn)
-        return clone
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w7a8 per-row"
@@ -355,7 +318,7 @@ class Int8Group:
             ).cpu()
         )
         self.packed = pack_int8_weight(weight)
-        self.onednn = onednn_int8_weight(self.packed)
+        self.onednn = OneDnnWeight.of(self.packed)
         self.out_features = weight.shape[0]
         self.last_input: torch.Tensor | None = None
         self.last_output: torch.Tensor | None = None
@@ -367,14 +330,6 @@ class Int8Group:
             Int8GroupMember(self, i, a, b, lin.in_features)
             for i, (a, b, lin) in enumerate(zip(edges, edges[1:], linears))
         ]
-
-    def _packed_weight(self):
-        return self.packed
-
-    def __deepcopy__(self, memo: dict) -> "Int8Group":
-        clone = _copy_without_onednn(self, memo, self.members[:1])
-        _hold_onednn(clone.members[0], clone.onednn)
-        return clone
 
     def output_for(self, x: torch.Tensor, member: int) -> torch.Tensor:
         """The group's output for `x`; computed on the first member's call, released
@@ -404,19 +359,11 @@ class Int8GroupMember(nn.Module):
         # the group's packed weight as an attribute of a module: a trace of the decoder
         # (engine/traced.py) finds the weights it records among its modules' attributes
         self._packed = group.packed
-        _hold_onednn(self, group.onednn if index == 0 else None)
+        # the group's oneDNN copy as a submodule of one member: a trace records its buffers
+        self.onednn = group.onednn if index == 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.output_for(x, self.index)[..., self.start : self.end]
-
-    def __deepcopy__(self, memo: dict) -> "Int8GroupMember":
-        if id(self.group) not in memo:  # copy the group, which copies every member
-            copy.deepcopy(self.group, memo)
-            return memo[id(self)]
-        clone = copy.copy(self)  # within the group's copy: the oneDNN buffers are set aside
-        memo[id(self)] = clone
-        clone.__dict__ = copy.deepcopy(self.__dict__, memo)
-        return clone
 
     def extra_repr(self) -> str:
         return f"rows {self.start}:{self.end} of a shared int8 product"

@@ -28,9 +28,9 @@ A forward's sizes (rows, batch, cache length) are read from its tensors in the r
 decisions that depend on them are recorded as taken when traced: the float64 attention decides
 between one query row and several, so a trace is kept per `TraceKey` (batch of one or more, one
 row or more, mask or none, int8 products over every row or over the real rows of a batch with
-padding, `int8.skip_padded_rows`, which rows being an input) and made on the first forward of its
-kind (about a second for the
-embedded target). Traces live in memory with the adapter that made them, for the process.
+padding, `int8.skip_padded_rows`, which rows being an input; rows enough for oneDNN's int8
+kernel or not) and made on the first forward of its kind (about a second for the embedded
+target). Traces live in memory with the adapter that made them, for the process.
 
 `torch.jit.trace` is deprecated by PyTorch in favour of `torch.compile` and `torch.export`, which
 do not give this path bit-identical results here (docs/evaluation.md (h)); every forward the
@@ -50,7 +50,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..common.hf_cache import cache_kwargs
-from .int8 import LiveRows, live_rows, live_rows_are
+from .int8 import LiveRows, live_rows, live_rows_are, onednn_rows
 from .kv_cache import Float64Layer
 
 
@@ -117,20 +117,24 @@ class _Traceable(nn.Module):
 @dataclass(frozen=True)
 class TraceKey:
     """The Python decisions a trace records: several sequences or one, several query rows or one,
-    whether a mask is passed (and its kind), and whether the int8 products take only some rows
-    (`int8.skip_padded_rows`; which rows is an input of the replay)."""
+    whether a mask is passed (and its kind), whether the int8 products take only some rows
+    (`int8.skip_padded_rows`; which rows is an input of the replay), and whether the forward has
+    rows enough for oneDNN's int8 kernel (`int8.onednn_rows`; which kernel each product runs is
+    then decided in the replay)."""
 
     batched: bool
     rows: bool
     mask: tuple[torch.dtype, int, int] | None  # dtype, dimensions, heads
     live: bool = False
+    many: bool = False
 
     @classmethod
     def of(
         cls, input_ids: torch.Tensor, mask: torch.Tensor | None, live: bool = False
     ) -> "TraceKey":
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
-        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live)
+        many = onednn_rows(input_ids.numel())
+        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live, many)
 
 
 class TracedDecoder:
