@@ -388,22 +388,16 @@ class BatchDecoder:
         handle._finish("error")
 
     def _screen_walks(self, trees: dict, logits: dict) -> None:
-        """The rows the greedy verifiers will read, screened a depth at a time for every request
-        at once (`screen_rows`): each round, every walk still going reads its node's argmax and
-        steps to the child holding it. The verifiers then walk the same path from these rows."""
-        walks = {
-            h.key: 0 for h in self.active
+        """The rows the greedy verifiers will read: every row of every tree of a greedy walk,
+        screened for all requests in one pass (`screen_rows`; each pass reads the screen's whole
+        int8 head, and a batch's walks read most of their trees' rows: docs/algorithms.md §10).
+        The verifiers then walk their trees over these rows."""
+        screen_rows([
+            (logits[h.key], node)
+            for h in self.active
             if h.verifier == "greedy" and h.request.config.logits_processor is None
-        }
-        while walks:
-            screen_rows([(logits[key], node) for key, node in walks.items()])
-            for key, node in list(walks.items()):
-                tree, best = trees[key], logits[key].best[node]
-                child = next((c for c in tree.children[node] if tree.tokens[c] == best), None)
-                if child is None:
-                    del walks[key]
-                else:
-                    walks[key] = child
+            for node in range(trees[h.key].num_nodes)
+        ])
 
     def _draft(
         self, spec: list[RequestHandle], proposals: dict, failed: dict
