@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -275,6 +275,11 @@ run 25 && say 25 "verification and drafting probes" && $P benchmarks/tools/verif
 #     int8): prompt prefills and batched forwards of many rows, outputs compared bit for bit.
 run 26 && say 26 "int8 kernels by rows" && $P benchmarks/tools/int8_kernel_probes.py \
   --out "$RES/int8-kernel-probes.json"
+# 27. The int8 target's KV cache in float32 (read as float64 by the attention) against float64 buffers:
+#     replayed batched forwards of 1, 4, 8 and 16 requests with one and several rows each, the hidden
+#     states compared bit for bit.
+run 27 && say 27 "KV cache storage" && $P benchmarks/tools/kv_storage_probes.py \
+  --out "$RES/kv-storage-probes.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"

@@ -8,7 +8,7 @@ Sliding-window models (Gemma 2, Gemma 3, Mistral with `sliding_window`, Qwen2 wi
 generations NEW tokens long, several windows, so that a mask or compaction error cannot hide; that
 the window changes these outputs at all is checked too (the same weights without a window decode
 differently). Tree rows of the target and of the draft equal plain forwards there, a compacted
-cache equals a fresh prefill, and the int8 target (float64 cache layers) decodes like its own plain
+cache equals a fresh prefill, and the int8 target (in-place cache layers) decodes like its own plain
 decoding. Other layer types are refused in one line; Gemma 2 (no sdpa path) loads through
 `models.load_model` with eager attention.
 """
@@ -26,7 +26,7 @@ from arborspec.drafters import HeadDrafter, ModelDrafter, NgramDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.int8 import quantize_int8
-from arborspec.engine.kv_cache import Float64Layer
+from arborspec.engine.kv_cache import InPlaceLayer
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 from arborspec.models import attention_kernel, load_model
@@ -275,14 +275,14 @@ def test_features_along_a_sequence_see_the_window(name):
 
 
 def test_int8_target_with_a_sliding_window():
-    """The int8 target (float64 attention and cache layers) of a sliding-window model: greedy
+    """The int8 target (float64 attention, in-place cache layers) of a sliding-window model: greedy
     speculative output = its plain decoding, features along a sequence = its hidden rows (its
     attention is unknown to transformers' mask builders: the adapter's masks carry the window)."""
     model = build("mistral-sliding")
     gen = torch.Generator().manual_seed(0)
     quantize_int8(model, [torch.randint(3, VOCAB, (40,), generator=gen) for _ in range(3)])
     lm = ModelAdapter(model)
-    assert all(type(layer) is Float64Layer for layer in lm.cache.layers)
+    assert all(type(layer) is InPlaceLayer for layer in lm.cache.layers)
     prompt = PROMPTS[0]
     cfg = DecodeConfig(max_new_tokens=NEW)
     plain = autoregressive_generate(ModelAdapter(model), prompt, cfg).output_ids

@@ -279,7 +279,7 @@ def test_float64_attention_gives_each_query_row_its_value_alone(q_len):
     batch, heads, groups, dim, length = 3, 6, 2, 16, 40
     query = torch.randn(batch, heads, q_len, dim)
     buffers = [torch.randn(batch, groups, 64, dim, dtype=torch.float64) for _ in range(2)]
-    key, value = (b[:, :, :length] for b in buffers)  # views of larger buffers, as Float64Layer keeps them
+    key, value = (b[:, :, :length] for b in buffers)  # views of larger buffers, as InPlaceLayer keeps them
     allowed = torch.rand(batch, 1, q_len, length) < 0.7
     allowed[..., -q_len:] = torch.eye(q_len, dtype=torch.bool)
     mask = torch.zeros(batch, 1, q_len, length, dtype=torch.float64).masked_fill_(~allowed, torch.finfo(torch.float32).min)

@@ -1,6 +1,6 @@
-"""The float64 KV cache of float64-attention targets (engine/kv_cache.py): it holds exactly the values a
-float32 `DynamicLayer` holds (converted), through growth past its capacity, crops and compactions, and
-the int8 target's forwards, tree forwards and generations over it equal those over transformers' own cache."""
+"""The in-place KV cache of float64-attention targets (engine/kv_cache.py): it holds exactly the values a
+`DynamicLayer` holds, in their dtype, through growth past its capacity, crops and compactions, and the
+int8 target's forwards, tree forwards and generations over it equal those over transformers' own cache."""
 
 
 import pytest
@@ -12,7 +12,7 @@ from arborspec.engine import kv_cache
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.int8 import quantize_int8
-from arborspec.engine.kv_cache import Float64Layer, new_cache, uses_float64_cache
+from arborspec.engine.kv_cache import InPlaceLayer, new_cache, uses_float64_attention
 from arborspec.engine.tree import TokenTree
 
 from conftest import tiny_llama
@@ -23,14 +23,14 @@ def _rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(1, 2, n, 8, generator=gen), torch.randn(1, 2, n, 8, generator=gen)
 
 
-def test_a_float64_layer_holds_the_float32_layers_values_through_growth_crop_and_compaction(monkeypatch):
+def test_an_in_place_layer_holds_the_dynamic_layers_values_through_growth_crop_and_compaction(monkeypatch):
     monkeypatch.setattr(kv_cache, "MIN_CAPACITY", 4)  # grow several times in a short sequence
-    mine, ref = Float64Layer(), DynamicLayer()
+    mine, ref = InPlaceLayer(), DynamicLayer()
     for step, n in enumerate([3, 1, 5, 2, 9, 1]):
         k, v = _rows(n, step)
         got_k, got_v = mine.update(k, v)
         want_k, want_v = ref.update(k, v)
-        assert got_k.dtype == torch.float64 and torch.equal(got_k, want_k.double()) and torch.equal(got_v, want_v.double())
+        assert got_k.dtype == k.dtype and torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
         assert mine.get_seq_length() == ref.get_seq_length()
         if step % 2:  # a compaction as ModelAdapter.compact does it: rows copied into place, the rest cropped
             start = mine.get_seq_length() - n
@@ -39,7 +39,7 @@ def test_a_float64_layer_holds_the_float32_layers_values_through_growth_crop_and
                 layer.keys[:, :, start:start + 1] = layer.keys.index_select(2, slots)
                 layer.values[:, :, start:start + 1] = layer.values.index_select(2, slots)
                 layer.crop(-(n - 1))
-        assert torch.equal(mine.keys, ref.keys.double()) and torch.equal(mine.values, ref.values.double())
+        assert torch.equal(mine.keys, ref.keys) and torch.equal(mine.values, ref.values)
     mine.reset()
     assert mine.get_seq_length() == 0
 
@@ -59,15 +59,15 @@ def _with_dynamic_cache(model) -> ModelAdapter:
     return adapter
 
 
-def test_only_float64_attention_targets_get_the_float64_cache(int8_target):
-    assert uses_float64_cache(int8_target)
-    assert all(type(layer) is Float64Layer for layer in new_cache(int8_target).layers)
+def test_only_float64_attention_targets_get_the_in_place_cache(int8_target):
+    assert uses_float64_attention(int8_target)
+    assert all(type(layer) is InPlaceLayer for layer in new_cache(int8_target).layers)
     plain = tiny_llama(seed=3)
-    assert not uses_float64_cache(plain)
+    assert not uses_float64_attention(plain)
     assert all(type(layer) is DynamicLayer for layer in new_cache(plain).layers)
 
 
-def test_int8_forwards_over_the_float64_cache_equal_those_over_transformers_cache(int8_target, monkeypatch):
+def test_int8_forwards_over_the_in_place_cache_equal_those_over_transformers_cache(int8_target, monkeypatch):
     monkeypatch.setattr(kv_cache, "MIN_CAPACITY", 8)
     ours, theirs = ModelAdapter(int8_target), _with_dynamic_cache(int8_target)
     prompt = torch.arange(5, 25)
@@ -84,7 +84,7 @@ def test_int8_forwards_over_the_float64_cache_equal_those_over_transformers_cach
         adapter.compact(prompt.numel(), [prompt.numel(), prompt.numel() + 1, prompt.numel() + 3])
     assert ours.cache_len == theirs.cache_len == prompt.numel() + 3
     for mine, ref in zip(ours.cache.layers, theirs.cache.layers):
-        assert torch.equal(mine.keys, ref.keys.double()) and torch.equal(mine.values, ref.values.double())
+        assert torch.equal(mine.keys, ref.keys) and torch.equal(mine.values, ref.values)
     cfg = DecodeConfig(max_new_tokens=40)
     out_ours = autoregressive_generate(ours, prompt.tolist(), cfg).output_ids
     out_theirs = autoregressive_generate(theirs, prompt.tolist(), cfg).output_ids

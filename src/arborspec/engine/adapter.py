@@ -26,7 +26,7 @@ import torch
 from ..common.hf_cache import cache_kwargs
 from ..errors import ArborError
 from .attention_masks import AttentionLayout
-from .kv_cache import CACHE_LAYERS, new_cache, uses_float64_cache
+from .kv_cache import CACHE_LAYERS, new_cache, uses_float64_attention
 from .lm_head import HeadRows, LazyLogits
 from .placement import execution_device
 from .traced import TracedDecoder
@@ -64,7 +64,7 @@ class ModelAdapter:
         # small forwards replayed from traces (engine/traced.py); by default where their results
         # are the eager ones bit for bit and the eager path is mostly overhead: the int8 target
         if trace is None:
-            trace = uses_float64_cache(model) and self.device.type == "cpu"
+            trace = uses_float64_attention(model) and self.device.type == "cpu"
         self.traced = TracedDecoder(model) if trace else None
 
     # ------------------------------------------------------------------ features

@@ -18,7 +18,7 @@ against repacking.
 
 A sequence joins with the cache of its own prefill (batch size 1), padded to the batch's width and
 stacked; a sequence that leaves is cut out of every layer, and the cache shrinks to the longest row
-left. Layers are transformers' `DynamicLayer`s or the float64 `Float64Layer`s of the int8 target
+left. Layers are transformers' `DynamicLayer`s or the `InPlaceLayer`s of the int8 target
 (engine/kv_cache.py); both are rebuilt through `_assign` on a join or a leave.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .kv_cache import MIN_CAPACITY, Float64Layer
+from .kv_cache import MIN_CAPACITY, InPlaceLayer
 
 
 @dataclass
@@ -59,8 +59,8 @@ def _tensors(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _assign(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Give `layer` these keys and values (a `Float64Layer`: in fresh buffers with room to grow)."""
-    if isinstance(layer, Float64Layer):
+    """Give `layer` these keys and values (a `InPlaceLayer`: in fresh buffers with room to grow)."""
+    if isinstance(layer, InPlaceLayer):
         rows = keys.shape[2]
         buffers = []
         for states in (keys, values):

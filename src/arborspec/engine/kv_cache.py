@@ -1,18 +1,21 @@
 """The target's KV cache: transformers' `DynamicCache`, with, for float64-attention models, a layer
-that keeps its keys and values in float64 in a buffer that grows by doubling.
+that writes its keys and values in place into buffers that grow by doubling.
 
 Why (docs/algorithms.md §8): the batch-invariant attention (`invariant_attention.py`) computes in
-float64. Over transformers' `DynamicLayer` it converted the whole float32 cache of every layer to
-float64 on every forward, after `torch.cat` had copied the whole cache once more to append the new
-rows: two passes over the cache per layer and forward, more for a tree (its cache view is strided
-after a crop), that a plain forward pays too. `Float64Layer` converts only the new rows (float32 ->
-float64 is exact, so the attention reads the very values it read before) and writes them in place
-after the kept ones; a crop or a compaction (`ModelAdapter.compact`, which copies the accepted rows
-into place through `keys`/`values`) moves no memory. `keys`/`values` are views of the first `length`
-rows of the buffers.
+float64. Over transformers' `DynamicLayer` every forward first copied the whole cache of every layer
+once more (`torch.cat`) to append its new rows, more for a tree (its cache view is strided after a
+crop). `InPlaceLayer` writes only the new rows, after the kept ones; a crop or a compaction
+(`ModelAdapter.compact`, which copies the accepted rows into place through `keys`/`values`) moves no
+memory. `keys`/`values` are views of the first `length` rows of the buffers.
 
-Only the layer's storage changes: the modelling code is transformers' own, and a `Float64Layer` is a
-`DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).
+The buffers keep the model's own dtype (float32), and the attention converts them to float64 as it
+reads them (exact: the very values float64 buffers would hold). A one-row attention streams the
+whole cache from memory, and over a batch of requests reading half the bytes costs less than the
+conversion: a batched forward takes about 0.85x the time it takes over float64 buffers, one request
+alone about the same, and the cache takes half the memory (docs/evaluation.md (k)).
+
+Only the layer's storage changes: the modelling code is transformers' own, and an `InPlaceLayer` is
+a `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,16 @@ from .invariant_attention import NAME as FLOAT64_ATTENTION
 MIN_CAPACITY = 256  # rows allocated at first; the buffer doubles when it is full
 
 
-class Float64Layer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are float64 views `[B, H, length, D]` of
-    buffers grown by doubling.
+class InPlaceLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are views `[B, H, length, D]` of buffers grown by
+    doubling, in the dtype of the states written to them.
 
     Only appending changes: `DynamicLayer`'s own `crop` (a shorter view), `get_seq_length` (the
     view's length) and `reset` (drops the views; the next update allocates afresh) work on the
     views as they are."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = torch.float64, key_states.device
+        self.dtype, self.device = key_states.dtype, key_states.device
         self._buffers = [
             self._allocate(states, MIN_CAPACITY) for states in (key_states, value_states)
         ]
@@ -44,7 +47,7 @@ class Float64Layer(DynamicLayer):
 
     @staticmethod
     def _allocate(states: torch.Tensor, rows: int) -> torch.Tensor:
-        return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
+        return states.new_empty((*states.shape[:2], rows, states.shape[3]))
 
     @property
     def length(self) -> int:
@@ -81,20 +84,20 @@ class Float64Layer(DynamicLayer):
         start = self.length
         end = start + key_states.shape[2]
         self.reserve(end)
-        self._buffers[0][:, :, start:end] = key_states  # float32 -> float64: exact
+        self._buffers[0][:, :, start:end] = key_states
         self._buffers[1][:, :, start:end] = value_states
         self.extend_to(end)
         return self.keys, self.values
 
 
-def uses_float64_cache(model) -> bool:
-    """Whether `model` runs the float64 attention (the int8 target), whose cache
-    `new_cache` keeps in float64."""
+def uses_float64_attention(model) -> bool:
+    """Whether `model` runs the float64 attention (the int8 target), whose cache `new_cache`
+    keeps in `InPlaceLayer`s."""
     return getattr(model.config, "_attn_implementation", None) == FLOAT64_ATTENTION
 
 
 def new_cache(model) -> DynamicCache:
-    """An empty cache for `model` whose attention layers are all full layers: `Float64Layer`s under
+    """An empty cache for `model` whose attention layers are all full layers: `InPlaceLayer`s under
     the float64 attention, else transformers' `DynamicLayer`s.
 
     For a sliding-window layer transformers builds a `DynamicSlidingWindowLayer`, which drops its
@@ -103,7 +106,7 @@ def new_cache(model) -> DynamicCache:
     (engine/attention_masks.py). Layers of any other kind are left as they are, for the adapter to
     refuse."""
     cache = DynamicCache(config=model.config)
-    full = Float64Layer if uses_float64_cache(model) else DynamicLayer
+    full = InPlaceLayer if uses_float64_attention(model) else DynamicLayer
     cache.layers = [
         full() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
         for layer in cache.layers
@@ -111,4 +114,4 @@ def new_cache(model) -> DynamicCache:
     return cache
 
 
-CACHE_LAYERS = (DynamicLayer, Float64Layer)  # the layer types a tree forward can compact
+CACHE_LAYERS = (DynamicLayer, InPlaceLayer)  # the layer types a tree forward can compact

@@ -14,7 +14,7 @@ needs, whose tree verification relies on every row being computed as when alone.
 
 What a trace may not bake in, it takes as inputs:
 
-* the KV cache: each `Float64Layer`'s two buffers (engine/kv_cache.py) and the column the forward
+* the KV cache: each `InPlaceLayer`'s two buffers (engine/kv_cache.py) and the column the forward
   writes at. Inside the trace a layer writes its new rows through `_write_rows`, a TorchScript
   *function*, so the write position and the cache length stay values of the replay rather than
   the constants of the traced forward; buffers grow outside, before the call;
@@ -51,7 +51,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..common.hf_cache import cache_kwargs
 from .int8 import LiveRows, live_rows, live_rows_are, onednn_rows
-from .kv_cache import Float64Layer
+from .kv_cache import InPlaceLayer
 
 
 def _write_rows(buffer: torch.Tensor, states: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ def _write_rows(buffer: torch.Tensor, states: torch.Tensor, start: torch.Tensor)
     start + N columns."""
     first = int(start)
     end = first + states.size(2)
-    buffer[:, :, first:end] = states  # float32 -> float64: exact
+    buffer[:, :, first:end] = states
     return buffer[:, :, :end]
 
 
@@ -69,7 +69,7 @@ with warnings.catch_warnings():  # PyTorch's deprecation of TorchScript (module 
 
 
 class _TracedLayer(DynamicLayer):
-    """A cache layer inside the trace: a `Float64Layer`'s buffers and the write column, both
+    """A cache layer inside the trace: a `InPlaceLayer`'s buffers and the write column, both
     inputs of the traced forward."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
@@ -146,7 +146,7 @@ class TracedDecoder:
 
     @staticmethod
     def supports(cache, input_ids: torch.Tensor, mask) -> bool:
-        """Whether this forward can run from a trace: every cache layer a `Float64Layer`, holding
+        """Whether this forward can run from a trace: every cache layer a `InPlaceLayer`, holding
         rows (every forward writes all layers, so the first tells; a prefill from an empty cache
         runs eagerly: its attention takes the causal flag, which a trace of a later forward did not
         record), one mask tensor or none, and a plain chunk (no mask) of one row only. Padded rows
@@ -154,7 +154,7 @@ class TracedDecoder:
         layers = getattr(cache, "layers", None)
         if (
             not layers
-            or any(type(layer) is not Float64Layer for layer in layers)
+            or any(type(layer) is not InPlaceLayer for layer in layers)
             or not layers[0].is_initialized
             or layers[0].length == 0
         ):

@@ -1,0 +1,133 @@
+"""What the int8 target's KV cache costs kept in float32 (converted to float64 as the attention
+reads it) against kept in float64 (docs/evaluation.md (k)).
+
+    .venv/bin/python benchmarks/tools/kv_storage_probes.py \
+        --out benchmarks/results/kv-storage-probes.json
+
+The embedded target in int8; for each pattern (requests x rows per request), that many MT-Bench
+prompts (first turns of the stratified selection, each repeated to a length of 150-250 tokens, so
+that the cache is as wide as in the middle of a 128-token answer) join one batch
+(engine/batch_target.py), then one batched forward of a star tree per request and the step's
+compaction, replayed from traces as batched decoding runs it. Two variants, each on its own adapter
+and batch, taking turns within each of `--rounds` rounds: the cache buffers in float32 (what
+`InPlaceLayer` keeps: the states' dtype) and in float64 (the float32 states converted as they are
+written; the attention's conversion then has nothing to do). Both compute the same values bit for
+bit; the tool checks the hidden states equal. Figures: the median milliseconds per forward of
+each and the median of the per-round ratios (float32 over float64; below 1: float32 faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+
+from arborspec.bench.prompts import conversation, load_prompts
+from arborspec.common.chat import encode_messages
+from arborspec.common.jsonfiles import write_json_atomic
+from arborspec.common.provenance import stamp
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.batch_target import BatchTarget
+from arborspec.engine.kv_cache import InPlaceLayer
+from arborspec.engine.tree import TokenTree
+from arborspec.models import load_pair
+
+PATTERNS = ["1x1", "1x4", "4x1", "4x2", "4x4", "8x1", "16x1"]
+LENGTHS = (150, 190, 230, 250, 170, 210, 180, 240)  # prompt tokens per request, cycled
+
+
+@contextmanager
+def float64_buffers():
+    """Within this block, `InPlaceLayer` allocates float64 buffers (the float32 states written to
+    them are converted exactly)."""
+    allocate = InPlaceLayer._allocate
+
+    def float64(states: torch.Tensor, rows: int) -> torch.Tensor:
+        return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
+
+    InPlaceLayer._allocate = staticmethod(float64)
+    try:
+        yield
+    finally:
+        InPlaceLayer._allocate = staticmethod(allocate)
+
+
+def star(root: int, size: int) -> TokenTree:
+    tree = TokenTree.from_root(root)
+    for j in range(size - 1):
+        tree.add(0, 100 + j)
+    return tree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/kv-storage-probes.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_pair(dtype="int8", draft="embedded-head")
+    patterns = [tuple(int(x) for x in p.split("x")) for p in args.patterns.split(",")]
+    count = max(r for r, _ in patterns)
+    prompts = load_prompts("mt-bench", min(count, 16))
+    ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
+    ids = [(ids[k % len(ids)] * 8)[: LENGTHS[k % len(LENGTHS)]] for k in range(count)]
+    names = ("float32 buffers", "float64 buffers")
+
+    def scope(name: str):
+        return float64_buffers() if name == names[1] else nullscope()
+
+    results = []
+    with torch.inference_mode():
+        for requests, rows in patterns:
+            batches = {}
+            for name in names:
+                with scope(name):
+                    batches[name] = BatchTarget(ModelAdapter(pair.target.model, trace=True))
+                    for k in range(requests):
+                        batches[name].join(k, ids[k])
+
+            def forward(name: str) -> tuple[float, dict]:
+                batch = batches[name]
+                trees = {k: star(ids[k][-1], rows) for k in range(requests)}
+                with scope(name):
+                    t0 = time.perf_counter()
+                    _, hidden, width = batch.verify_forward(trees)
+                    batch.keep({k: [] for k in range(requests)}, width)
+                    return time.perf_counter() - t0, hidden
+
+            first = [forward(name)[1] for name in names]  # traces made; the same values
+            same = all(torch.equal(first[0][k], first[1][k]) for k in range(requests))
+            times: dict[str, list[float]] = {n: [] for n in names}
+            for r in range(args.rounds):
+                for name in names[r % 2 :] + names[: r % 2]:
+                    times[name].append(forward(name)[0])
+            row = {
+                "requests": requests,
+                "rows_per_request": rows,
+                "prompt_tokens": [len(ids[k]) for k in range(requests)],
+                "ms": {n: round(statistics.median(t) * 1e3, 2) for n, t in times.items()},
+                "float32_over_float64": round(
+                    statistics.median(a / b for a, b in zip(times[names[0]], times[names[1]])), 3
+                ),
+                "same_hidden_states": same,
+            }
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    write_json_atomic(
+        {**stamp(), "threads": args.threads, "rounds": args.rounds, "results": results}, args.out
+    )
+
+
+@contextmanager
+def nullscope():
+    yield
+
+
+if __name__ == "__main__":
+    main()
