@@ -110,28 +110,27 @@ class GreedyScreen:
 
     def bounds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Screen logits `[K, V]` and their error bounds `[K, V]` for float32 rows `[K, H]`: one
-        int8 product for all of them (exact integer sums), each row's outlier channels added by
-        its own product, and the bounds from per-row norms and elementwise products, so each
-        row's values are those it gets alone."""
+        int8 product for all of them (exact integer sums, so each row's values are those it gets
+        alone), the rest row by row."""
         k = min(self.OUTLIERS, self.hidden_size)
         keep = rows.abs().topk(k, dim=1).indices  # [K, k]
         rest = rows.clone()
         rest.scatter_(1, keep, 0.0)
         # x: the rows in units of their scales; `rounded`: the 8-bit values the kernel used
         approx, x, scales = int8_rows_product(rest, self.packed)
+        rounded_rows = rounded_like_kernel(x).double()
+        bounds = torch.empty_like(approx)
         for i in range(rows.shape[0]):
-            kept = keep[i]
-            approx[i].add_((rows[i : i + 1, kept] @ self.weight_t.index_select(0, kept))[0])
-        # the two coefficients of each row's bound, in float64 (every reduction along a row, so
-        # each row's values are those it gets alone)
-        rounded, xd, scale = rounded_like_kernel(x).double(), x.double(), scales.double()[:, 0]
-        norm_h = rows.double().norm(dim=1)
-        # |h - h^|_2 over the quantised channels, and |h^|_2
-        gap = scale * (xd - rounded).norm(dim=1) + 2.0**-24 * norm_h
-        norm_hat = scale * rounded.norm(dim=1)
-        per_w = (1.001 * gap + 2 * self.hidden_size * 2.0**-24 * norm_h).float()
-        per_err = (1.001 * norm_hat).float()
-        bounds = torch.outer(per_w, self.norm_w).add_(torch.outer(per_err, self.norm_err))
+            row, kept = rows[i : i + 1], keep[i]
+            approx[i].add_((row[:, kept] @ self.weight_t.index_select(0, kept))[0])
+            scale = float(scales[i])
+            xd, rounded = x[i].double(), rounded_rows[i]
+            norm_h = float(row.double().norm())
+            # |h - h^|_2 over the quantised channels
+            gap = scale * float((xd - rounded).norm()) + 2.0**-24 * norm_h
+            norm_hat = scale * float(rounded.norm())  # |h^|_2
+            per_w = 1.001 * gap + 2 * self.hidden_size * 2.0**-24 * norm_h
+            torch.add(self.norm_w * per_w, self.norm_err, alpha=1.001 * norm_hat, out=bounds[i])
         return approx, bounds
 
     def argmax(self, hidden: torch.Tensor) -> int | None:
@@ -146,10 +145,9 @@ class GreedyScreen:
         approx, bound = self.bounds(rows)
         floor = (approx - bound).amax(dim=1, keepdim=True)
         upper = approx.add_(bound) >= floor  # approx is ours: its upper bounds in place
-        which, token = torch.nonzero(upper, as_tuple=True)  # row-major: each row's in id order
-        counts = torch.bincount(which, minlength=rows.shape[0]).tolist()
         tokens: list[int | None] = []
-        for i, cand in enumerate(torch.split(token, counts)):
+        for i in range(rows.shape[0]):
+            cand = torch.nonzero(upper[i])[:, 0]
             if cand.numel() == 0:  # NaN or inf in the row: no interval reaches anything
                 tokens.append(None)
                 continue
