@@ -9,9 +9,10 @@ prompts (first turns of the stratified selection, each repeated to a length of 1
 that the cache is as wide as in the middle of a 128-token answer) join one batch
 (engine/batch_target.py), then one batched forward of a star tree per request and the step's
 compaction, replayed from traces as batched decoding runs it. Two variants, each on its own adapter
-and batch, taking turns within each of `--rounds` rounds: the cache buffers in float32 (what
-`InPlaceLayer` keeps: the states' dtype) and in float64 (the float32 states converted as they are
-written; the attention's conversion then has nothing to do). Both compute the same values bit for
+and batch, taking turns within each of `--rounds` rounds: the batch's cache buffers in float32
+(`batch_rows.BATCH_STORAGE`, what batched decoding keeps) and in float64 (what a single sequence's
+cache keeps: the float32 states converted as they are written; the attention's conversion then has
+nothing to do). Both compute the same values bit for
 bit; the tool checks the hidden states equal. Figures: the median milliseconds per forward of
 each and the median of the per-round ratios (float32 over float64; below 1: float32 faster).
 """
@@ -26,13 +27,13 @@ from contextlib import contextmanager
 
 import torch
 
+import arborspec.engine.batch_rows as batch_rows
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.kv_cache import InPlaceLayer
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
@@ -42,18 +43,14 @@ LENGTHS = (150, 190, 230, 250, 170, 210, 180, 240)  # prompt tokens per request,
 
 @contextmanager
 def float64_buffers():
-    """Within this block, `InPlaceLayer` allocates float64 buffers (the float32 states written to
-    them are converted exactly)."""
-    allocate = InPlaceLayer._allocate
-
-    def float64(states: torch.Tensor, rows: int) -> torch.Tensor:
-        return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=torch.float64)
-
-    InPlaceLayer._allocate = staticmethod(float64)
+    """Within this block, a batch keeps its `InPlaceLayer`s in float64 (the float32 states written
+    to them are converted exactly)."""
+    storage = batch_rows.BATCH_STORAGE
+    batch_rows.BATCH_STORAGE = torch.float64
     try:
         yield
     finally:
-        InPlaceLayer._allocate = staticmethod(allocate)
+        batch_rows.BATCH_STORAGE = storage
 
 
 def star(root: int, size: int) -> TokenTree:

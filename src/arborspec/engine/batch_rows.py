@@ -19,7 +19,8 @@ against repacking.
 A sequence joins with the cache of its own prefill (batch size 1), padded to the batch's width and
 stacked; a sequence that leaves is cut out of every layer, and the cache shrinks to the longest row
 left. Layers are transformers' `DynamicLayer`s or the `InPlaceLayer`s of the int8 target
-(engine/kv_cache.py); both are rebuilt through `_assign` on a join or a leave.
+(engine/kv_cache.py), kept in `BATCH_STORAGE`; both are rebuilt through `_assign` on a join or a
+leave.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ import torch
 from transformers import DynamicCache
 
 from .kv_cache import MIN_CAPACITY, InPlaceLayer
+
+# the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): a batched
+# forward over float32 buffers takes 0.80-0.91x the time it takes over float64 ones, the values
+# being the same (engine/kv_cache.py, docs/evaluation.md (k))
+BATCH_STORAGE = torch.float32
 
 
 @dataclass
@@ -59,17 +65,18 @@ def _tensors(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _assign(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Give `layer` these keys and values (a `InPlaceLayer`: in fresh buffers with room to grow)."""
+    """Give `layer` these keys and values (an `InPlaceLayer`: in fresh buffers of its storage dtype
+    with room to grow)."""
     if isinstance(layer, InPlaceLayer):
         rows = keys.shape[2]
         buffers = []
         for states in (keys, values):
-            buffer = states.new_empty((*states.shape[:2], max(MIN_CAPACITY, 2 * rows), states.shape[3]))
+            buffer = layer._allocate(states, max(MIN_CAPACITY, 2 * rows))
             buffer[:, :, :rows] = states
             buffers.append(buffer)
         layer._buffers = buffers
         layer.keys, layer.values = (buffer[:, :, :rows] for buffer in buffers)
-        layer.dtype, layer.device = keys.dtype, keys.device
+        layer.dtype, layer.device = layer.storage, keys.device
     else:
         layer.keys, layer.values = keys, values
         layer.dtype, layer.device = keys.dtype, keys.device
@@ -118,6 +125,12 @@ class BatchRows:
             raise ValueError(f"{key!r} is in the batch already")
         if self.cache is None:
             self.cache = cache
+            for layer in cache.layers:  # a batch keeps its in-place layers in BATCH_STORAGE
+                if isinstance(layer, InPlaceLayer) and layer.storage != BATCH_STORAGE:
+                    layer.storage = BATCH_STORAGE
+                    t = _tensors(layer)
+                    if t is not None:
+                        _assign(layer, *t)
         else:
             width = max(self.width, length)
             for mine, theirs in zip(self.cache.layers, cache.layers):

@@ -4,15 +4,17 @@ that writes its keys and values in place into buffers that grow by doubling.
 Why (docs/algorithms.md §8): the batch-invariant attention (`invariant_attention.py`) computes in
 float64. Over transformers' `DynamicLayer` every forward first copied the whole cache of every layer
 once more (`torch.cat`) to append its new rows, more for a tree (its cache view is strided after a
-crop). `InPlaceLayer` writes only the new rows, after the kept ones; a crop or a compaction
-(`ModelAdapter.compact`, which copies the accepted rows into place through `keys`/`values`) moves no
-memory. `keys`/`values` are views of the first `length` rows of the buffers.
+crop), and converted it to float64 again. `InPlaceLayer` writes only the new rows, after the kept
+ones; a crop or a compaction (`ModelAdapter.compact`, which copies the accepted rows into place
+through `keys`/`values`) moves no memory. `keys`/`values` are views of the first `length` rows of
+the buffers.
 
-The buffers keep the model's own dtype (float32), and the attention converts them to float64 as it
-reads them (exact: the very values float64 buffers would hold). A one-row attention streams the
-whole cache from memory, and over a batch of requests reading half the bytes costs less than the
-conversion: a batched forward takes about 0.85x the time it takes over float64 buffers, one request
-alone about the same, and the cache takes half the memory (docs/evaluation.md (k)).
+The buffers' dtype is the layer's `storage`. A single sequence's cache keeps float64, so the
+attention reads it as it is; a batch of sequences keeps float32, the dtype the model computes them
+in, converted as the attention reads them (engine/batch_rows.py): the same values either way. A
+one-row attention streams the whole cache from memory, and over a batch reading half the bytes
+costs less than the conversion, while for one sequence alone the two are within the noise of each
+other (docs/evaluation.md (k)).
 
 Only the layer's storage changes: the modelling code is transformers' own, and an `InPlaceLayer` is
 a `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).
@@ -31,23 +33,26 @@ MIN_CAPACITY = 256  # rows allocated at first; the buffer doubles when it is ful
 
 class InPlaceLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views `[B, H, length, D]` of buffers grown by
-    doubling, in the dtype of the states written to them.
+    doubling, in `storage` (module doc; the states written to them are converted, exactly).
 
     Only appending changes: `DynamicLayer`'s own `crop` (a shorter view), `get_seq_length` (the
     view's length) and `reset` (drops the views; the next update allocates afresh) work on the
     views as they are."""
 
+    def __init__(self, storage: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        self.storage = storage
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
+        self.dtype, self.device = self.storage, key_states.device
         self._buffers = [
             self._allocate(states, MIN_CAPACITY) for states in (key_states, value_states)
         ]
         self.keys, self.values = (buffer[:, :, :0] for buffer in self._buffers)
         self.is_initialized = True
 
-    @staticmethod
-    def _allocate(states: torch.Tensor, rows: int) -> torch.Tensor:
-        return states.new_empty((*states.shape[:2], rows, states.shape[3]))
+    def _allocate(self, states: torch.Tensor, rows: int) -> torch.Tensor:
+        return states.new_empty((*states.shape[:2], rows, states.shape[3]), dtype=self.storage)
 
     @property
     def length(self) -> int:

@@ -118,23 +118,29 @@ class _Traceable(nn.Module):
 class TraceKey:
     """The Python decisions a trace records: several sequences or one, several query rows or one,
     whether a mask is passed (and its kind), whether the int8 products take only some rows
-    (`int8.skip_padded_rows`; which rows is an input of the replay), and whether the forward has
+    (`int8.skip_padded_rows`; which rows is an input of the replay), whether the forward has
     rows enough for oneDNN's int8 kernel (`int8.onednn_rows`; which kernel each product runs is
-    then decided in the replay)."""
+    then decided in the replay), and the cache buffers' dtype (the attention's conversion of
+    float32 buffers is recorded; float64 ones need none)."""
 
     batched: bool
     rows: bool
     mask: tuple[torch.dtype, int, int] | None  # dtype, dimensions, heads
     live: bool = False
     many: bool = False
+    storage: torch.dtype = torch.float64  # the cache buffers' dtype (engine/kv_cache.py)
 
     @classmethod
     def of(
-        cls, input_ids: torch.Tensor, mask: torch.Tensor | None, live: bool = False
+        cls,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        live: bool = False,
+        storage: torch.dtype = torch.float64,
     ) -> "TraceKey":
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
         many = onednn_rows(input_ids.numel())
-        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live, many)
+        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live, many, storage)
 
 
 class TracedDecoder:
@@ -182,7 +188,7 @@ class TracedDecoder:
             live = None  # not this forward's rows
         args = (input_ids, position_ids) + (() if mask is None else (mask,))
         args += (() if live is None else (live.index,)) + (torch.tensor(start),) + tuple(buffers)
-        key = TraceKey.of(input_ids, mask, live is not None)
+        key = TraceKey.of(input_ids, mask, live is not None, buffers[0].dtype)
         trace = self.traces.get(key)
         if trace is None:
             trace = self.traces[key] = self._trace(args, mask is not None, live is not None)
