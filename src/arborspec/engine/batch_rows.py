@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from .kv_cache import MIN_CAPACITY, InPlaceLayer
 
 # the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): a batched
-# forward over float32 buffers takes 0.80-0.91x the time it takes over float64 ones, the values
+# forward over float32 buffers takes 0.81-0.92x the time it takes over float64 ones, the values
 # being the same (engine/kv_cache.py, docs/evaluation.md (k))
 BATCH_STORAGE = torch.float32
 
