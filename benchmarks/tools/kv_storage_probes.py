@@ -34,8 +34,8 @@ from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
+from batch_forward_probes import star  # the sibling tool's star trees (root + children)
 
 PATTERNS = ["1x1", "1x4", "4x1", "4x2", "4x4", "8x1", "16x1"]
 LENGTHS = (150, 190, 230, 250, 170, 210, 180, 240)  # prompt tokens per request, cycled
@@ -51,13 +51,6 @@ def float64_buffers():
         yield
     finally:
         batch_rows.BATCH_STORAGE = storage
-
-
-def star(root: int, size: int) -> TokenTree:
-    tree = TokenTree.from_root(root)
-    for j in range(size - 1):
-        tree.add(0, 100 + j)
-    return tree
 
 
 def main() -> None:
