@@ -12,9 +12,9 @@ the buffers.
 The buffers' dtype is the layer's `storage`. A single sequence's cache keeps float64, so the
 attention reads it as it is; a batch of sequences keeps float32, the dtype the model computes them
 in, converted as the attention reads them (engine/batch_rows.py): the same values either way. A
-one-row attention streams the whole cache from memory, and over a batch reading half the bytes
-costs less than the conversion, while for one sequence alone the two are within the noise of each
-other (docs/evaluation.md (k)).
+one-row attention streams the whole cache from memory, and over a batch reading half the bytes and
+converting them costs less than reading float64, while for one sequence alone float32 does not pay
+(docs/evaluation.md (k)).
 
 Only the layer's storage changes: the modelling code is transformers' own, and an `InPlaceLayer` is
 a `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).

@@ -69,7 +69,7 @@ with warnings.catch_warnings():  # PyTorch's deprecation of TorchScript (module 
 
 
 class _TracedLayer(DynamicLayer):
-    """A cache layer inside the trace: a `InPlaceLayer`'s buffers and the write column, both
+    """A cache layer inside the trace: an `InPlaceLayer`'s buffers and the write column, both
     inputs of the traced forward."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
@@ -152,7 +152,7 @@ class TracedDecoder:
 
     @staticmethod
     def supports(cache, input_ids: torch.Tensor, mask) -> bool:
-        """Whether this forward can run from a trace: every cache layer a `InPlaceLayer`, holding
+        """Whether this forward can run from a trace: every cache layer an `InPlaceLayer`, holding
         rows (every forward writes all layers, so the first tells; a prefill from an empty cache
         runs eagerly: its attention takes the causal flag, which a trace of a later forward did not
         record), one mask tensor or none, and a plain chunk (no mask) of one row only. Padded rows
