@@ -98,8 +98,10 @@ def test_int8_forwards_over_the_in_place_cache_equal_those_over_transformers_cac
 
 
 def test_a_batch_keeps_float32_buffers_and_a_single_sequence_float64(int8_target):
-    """The storage split of engine/kv_cache.py: the adapter's own cache in float64; the batch's, joined from
-    two prefills of that cache, in float32 holding the same values, and still after a forward grows it."""
+    """The storage split of engine/kv_cache.py: the adapter's own cache in float64; a batch of one
+    sequence too; the batch's of two, joined from two prefills of that cache, in float32 holding the
+    same values, and still after a forward grows it; back in float64, the same values, when one
+    sequence is left."""
     from arborspec.engine.batch_target import BatchTarget
 
     single = ModelAdapter(int8_target)
@@ -108,6 +110,8 @@ def test_a_batch_keeps_float32_buffers_and_a_single_sequence_float64(int8_target
                for layer in single.cache.layers)
     batch = BatchTarget(ModelAdapter(int8_target))
     batch.join("a", list(range(5, 25)))
+    alone = batch.rows.cache.layers
+    assert all(t.dtype == torch.float64 for layer in alone for t in (layer.keys, *layer.buffers))
     batch.join("b", list(range(30, 42)))
     layers = batch.rows.cache.layers
     assert all(layer.storage == torch.float32 for layer in layers)
@@ -116,3 +120,10 @@ def test_a_batch_keeps_float32_buffers_and_a_single_sequence_float64(int8_target
         assert torch.equal(mine.keys[0, :, :19], ref.keys[0, :, :19].float())
     batch.verify_forward({"a": TokenTree.from_root(25), "b": TokenTree.from_root(42)})
     assert all(t.dtype == torch.float32 for layer in layers for t in (layer.keys, *layer.buffers))
+    kept = [layer.keys[0, :, :19].clone() for layer in layers]
+    batch.keep({"a": [], "b": []}, 19)
+    batch.leave("b")
+    layers = batch.rows.cache.layers
+    assert all(t.dtype == torch.float64 for layer in layers for t in (layer.keys, *layer.buffers))
+    for mine, before in zip(layers, kept):
+        assert torch.equal(mine.keys[0, :, :19], before.double())

@@ -19,8 +19,8 @@ against repacking.
 A sequence joins with the cache of its own prefill (batch size 1), padded to the batch's width and
 stacked; a sequence that leaves is cut out of every layer, and the cache shrinks to the longest row
 left. Layers are transformers' `DynamicLayer`s or the `InPlaceLayer`s of the int8 target
-(engine/kv_cache.py), kept in `BATCH_STORAGE`; both are rebuilt through `_assign` on a join or a
-leave.
+(engine/kv_cache.py), kept in `storage_for(sequences)`: float64 for one sequence, float32 for more;
+both are rebuilt through `_assign` on a join or a leave.
 """
 
 from __future__ import annotations
@@ -33,10 +33,26 @@ from transformers import DynamicCache
 
 from .kv_cache import MIN_CAPACITY, InPlaceLayer
 
-# the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): a batched
-# forward over float32 buffers takes 0.81-0.92x the time it takes over float64 ones, the values
-# being the same (engine/kv_cache.py, docs/evaluation.md (k))
+# the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): with two
+# sequences or more, a batched step over float32 buffers takes less time than over float64 ones;
+# one sequence alone decodes faster over float64 buffers, as a single sequence's cache keeps them.
+# The values are the same either way (engine/kv_cache.py, docs/evaluation.md (k)).
 BATCH_STORAGE = torch.float32
+SINGLE_STORAGE = torch.float64
+
+
+def storage_for(sequences: int) -> torch.dtype:
+    """The dtype a batch of `sequences` keeps its `InPlaceLayer`s in."""
+    return SINGLE_STORAGE if sequences <= 1 else BATCH_STORAGE
+
+
+def _store_in(layer, storage: torch.dtype) -> None:
+    """An `InPlaceLayer`'s buffers in `storage` from now on (its states converted, exactly)."""
+    if isinstance(layer, InPlaceLayer) and layer.storage != storage:
+        layer.storage = storage
+        t = _tensors(layer)
+        if t is not None:
+            _assign(layer, *t)
 
 
 @dataclass
@@ -123,17 +139,16 @@ class BatchRows:
         no tensors yet when `length` is 0)."""
         if key in self.keys:
             raise ValueError(f"{key!r} is in the batch already")
+        storage = storage_for(len(self.keys) + 1)
         if self.cache is None:
             self.cache = cache
-            for layer in cache.layers:  # a batch keeps its in-place layers in BATCH_STORAGE
-                if isinstance(layer, InPlaceLayer) and layer.storage != BATCH_STORAGE:
-                    layer.storage = BATCH_STORAGE
-                    t = _tensors(layer)
-                    if t is not None:
-                        _assign(layer, *t)
+            for layer in cache.layers:
+                _store_in(layer, storage)
         else:
             width = max(self.width, length)
             for mine, theirs in zip(self.cache.layers, cache.layers):
+                if isinstance(mine, InPlaceLayer):
+                    mine.storage = storage  # `_assign` below allocates in it
                 a, b = _tensors(mine), _tensors(theirs)
                 if b is None and a is None:
                     continue
@@ -159,7 +174,10 @@ class BatchRows:
             return
         keep = torch.tensor([i for i in range(len(self.keys) + 1) if i != b], device=self.device)
         width = max(self.lens)
+        storage = storage_for(len(self.keys))
         for layer in self.cache.layers:
+            if isinstance(layer, InPlaceLayer):
+                layer.storage = storage  # `_assign` below allocates in it
             t = _tensors(layer)
             if t is None:
                 continue
