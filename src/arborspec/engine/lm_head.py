@@ -122,7 +122,10 @@ class GreedyScreen:
         bounds = torch.empty_like(approx)
         for i in range(rows.shape[0]):
             row, kept = rows[i : i + 1], keep[i]
-            approx[i].add_((row[:, kept] @ self.weight_t.index_select(0, kept))[0])
+            # the kept channels' float32 products, added one head row at a time (contiguous rows of
+            # the transposed copy: no gathered copy of k rows of the head per hidden row)
+            for channel, value in zip(kept.tolist(), row[0, kept].tolist()):
+                approx[i].add_(self.weight_t[channel], alpha=value)
             scale = float(scales[i])
             xd, rounded = x[i].double(), rounded_rows[i]
             norm_h = float(row.double().norm())
