@@ -277,7 +277,7 @@ run 26 && say 26 "int8 kernels by rows" && $P benchmarks/tools/int8_kernel_probe
   --out "$RES/int8-kernel-probes.json"
 # 27. The int8 target's KV cache in float32 (read as float64 by the attention) against float64 buffers:
 #     replayed batched forwards of 1, 4, 8 and 16 requests with one and several rows each, the hidden
-#     states compared bit for bit.
+#     states compared bit for bit; then plain batched decoding of 1, 2, 4 and 8 requests over each.
 run 27 && say 27 "KV cache storage" && $P benchmarks/tools/kv_storage_probes.py \
   --out "$RES/kv-storage-probes.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and

@@ -15,6 +15,12 @@ cache keeps: the float32 states converted as they are written; the attention's c
 nothing to do). Both compute the same values bit for
 bit; the tool checks the hidden states equal. Figures: the median milliseconds per forward of
 each and the median of the per-round ratios (float32 over float64; below 1: float32 faster).
+
+Then whole plain batched decoding (`BatchDecoder`, no drafter) of 1, 2, 4 and 8 MT-Bench prompts,
+`--decode-tokens` new tokens each, over float32 and over float64 buffers, taking turns within
+each of `--decode-rounds` rounds: the milliseconds per step after the first (which holds the
+prefills), whose ratio decides `batch_rows.storage_for` (one sequence or more). Every output is
+checked equal between the two.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.batch_decode import BatchDecoder, BatchRequest
 from arborspec.engine.batch_target import BatchTarget
+from arborspec.engine.decode import DecodeConfig
 from arborspec.models import load_pair
 from batch_forward_probes import star  # the sibling tool's star trees (root + children)
 
@@ -41,22 +49,44 @@ PATTERNS = ["1x1", "1x4", "4x1", "4x2", "4x4", "8x1", "16x1"]
 LENGTHS = (150, 190, 230, 250, 170, 210, 180, 240)  # prompt tokens per request, cycled
 
 
+DECODE_REQUESTS = (1, 2, 4, 8)
+
+
 @contextmanager
-def float64_buffers():
-    """Within this block, a batch keeps its `InPlaceLayer`s in float64 (the float32 states written
-    to them are converted exactly)."""
-    storage = batch_rows.BATCH_STORAGE
-    batch_rows.BATCH_STORAGE = torch.float64
+def buffers(storage: torch.dtype):
+    """Within this block, a batch of any size keeps its `InPlaceLayer`s in `storage` (the float32
+    states written to them are converted exactly)."""
+    saved = batch_rows.BATCH_STORAGE, batch_rows.SINGLE_STORAGE
+    batch_rows.BATCH_STORAGE = batch_rows.SINGLE_STORAGE = storage
     try:
         yield
     finally:
-        batch_rows.BATCH_STORAGE = storage
+        batch_rows.BATCH_STORAGE, batch_rows.SINGLE_STORAGE = saved
+
+
+def decode_steps(pair, ids: list[list[int]], requests: int, tokens: int) -> tuple[float, list]:
+    """Plain batched decoding of the first `requests` prompts: (median seconds per step after the
+    first, the outputs)."""
+    decoder = BatchDecoder(pair.target, None, max_rows=256, max_requests=requests)
+    handles = [
+        decoder.submit(BatchRequest(list(ids[k]), DecodeConfig(max_new_tokens=tokens, seed=k)))
+        for k in range(requests)
+    ]
+    decoder.step()  # the prefills
+    times = []
+    while not decoder.idle:
+        t0 = time.perf_counter()
+        decoder.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), [h.output for h in handles]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--decode-rounds", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/kv-storage-probes.json")
     args = ap.parse_args()
@@ -70,7 +100,7 @@ def main() -> None:
     names = ("float32 buffers", "float64 buffers")
 
     def scope(name: str):
-        return float64_buffers() if name == names[1] else nullscope()
+        return buffers(torch.float64 if name == names[1] else torch.float32)
 
     results = []
     with torch.inference_mode():
@@ -109,14 +139,44 @@ def main() -> None:
             }
             results.append(row)
             print(json.dumps(row), flush=True)
+    decoding = []
+    prompts = [
+        encode_messages(pair.tokenizer, conversation(p, [])) for p in load_prompts("mt-bench", 8)
+    ]
+    with torch.inference_mode():
+        for requests in DECODE_REQUESTS:
+            times: dict[str, list[float]] = {n: [] for n in names}
+            outputs: dict[str, list] = {}
+            for r in range(args.decode_rounds + 1):  # round 0 warms up (traces)
+                for name in names[r % 2 :] + names[: r % 2]:
+                    with scope(name):
+                        seconds, outputs[name] = decode_steps(
+                            pair, prompts, requests, args.decode_tokens
+                        )
+                    if r:
+                        times[name].append(seconds)
+            row = {
+                "requests": requests,
+                "ms_per_step": {n: [round(t * 1e3, 2) for t in ts] for n, ts in times.items()},
+                "float32_over_float64": round(
+                    statistics.median(a / b for a, b in zip(times[names[0]], times[names[1]])), 3
+                ),
+                "same_outputs": outputs[names[0]] == outputs[names[1]],
+            }
+            decoding.append(row)
+            print(json.dumps(row), flush=True)
     write_json_atomic(
-        {**stamp(), "threads": args.threads, "rounds": args.rounds, "results": results}, args.out
+        {
+            **stamp(),
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "results": results,
+            "decode_rounds": args.decode_rounds,
+            "decode_tokens": args.decode_tokens,
+            "decoding": decoding,
+        },
+        args.out,
     )
-
-
-@contextmanager
-def nullscope():
-    yield
 
 
 if __name__ == "__main__":
