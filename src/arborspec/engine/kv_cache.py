@@ -10,11 +10,11 @@ through `keys`/`values`) moves no memory. `keys`/`values` are views of the first
 the buffers.
 
 The buffers' dtype is the layer's `storage`. A single sequence's cache keeps float64, so the
-attention reads it as it is; a batch of sequences keeps float32, the dtype the model computes them
-in, converted as the attention reads them (engine/batch_rows.py): the same values either way. A
-one-row attention streams the whole cache from memory, and over a batch reading half the bytes and
-converting them costs less than reading float64, while for one sequence alone float32 does not pay
-(docs/evaluation.md (k)).
+attention reads it as it is; a batch of two sequences or more keeps float32, the dtype the model
+computes them in, converted as the attention reads them (engine/batch_rows.py): the same values
+either way. A one-row attention streams the whole cache from memory, and over a batch reading half
+the bytes and converting them costs less than reading float64, while one sequence alone decodes
+faster over float64, in a batch of one as alone (docs/evaluation.md (k)).
 
 Only the layer's storage changes: the modelling code is transformers' own, and an `InPlaceLayer` is
 a `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).
