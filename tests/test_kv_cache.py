@@ -1,6 +1,7 @@
 """The in-place KV cache of float64-attention targets (engine/kv_cache.py): it holds exactly the values a
 `DynamicLayer` holds (converted to its storage dtype, float64 or float32), through growth past its capacity,
-crops and compactions; a batch keeps float32 buffers, a single sequence float64; and the int8 target's
+crops and compactions; a batch of two or more keeps float32 buffers, a batch of one and a single sequence
+float64; and the int8 target's
 forwards, tree forwards and generations over it equal those over transformers' own cache."""
 
 
@@ -97,7 +98,7 @@ def test_int8_forwards_over_the_in_place_cache_equal_those_over_transformers_cac
     assert out_ours == out_theirs and len(out_ours) == 40
 
 
-def test_a_batch_keeps_float32_buffers_and_a_single_sequence_float64(int8_target):
+def test_a_batch_of_two_keeps_float32_buffers_one_sequence_float64(int8_target):
     """The storage split of engine/kv_cache.py: the adapter's own cache in float64; a batch of one
     sequence too; the batch's of two, joined from two prefills of that cache, in float32 holding the
     same values, and still after a forward grows it; back in float64, the same values, when one
