@@ -2,7 +2,7 @@
 
 Why (docs/algorithms.md §11): the head is one decoder layer, a few small products; on a CPU most
 of its forward is the Python that dispatches them through the modules (a one-row forward of the
-embedded pair's int8 head over a 200-row cache: 1.25 ms eager, 0.55 ms replayed;
+embedded pair's int8 head over a 200-row cache: 0.83 ms eager, 0.31 ms replayed;
 benchmarks/results/verify-probes.json). A speculative
 step runs it about twice (`begin`, `expand`), so the replay shortens every step.
 

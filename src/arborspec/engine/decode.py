@@ -14,10 +14,10 @@ separate "first token" forward is needed.
 Likely rows: the verifier reads the LM-head rows of the nodes it walks through, one at a time
 (engine/lm_head.py: a screened argmax at temperature 0, a full logits row when sampling). Each
 separate read passes over the whole head; several rows in one pass cost less than as many passes
-(on the embedded target, 2 CPU threads: a screen of 1 / 2 / 4 rows 2.8 / 3.2 / 3.8 ms, more on
-uncertain tree rows; logits rows through oneDNN's packed head 5.2 / 5.3 ms for 2 / 4 rows against
-4.1 ms for one; docs/algorithms.md §7, benchmarks/results/verify-probes.json).
-So before the walk the root's row
+(on the embedded target, 2 CPU threads: a screen of 1 / 2 / 4 rows 2.0 / 2.2 / 2.5 ms, more on
+uncertain tree rows; logits rows through oneDNN's packed head 5.0 / 4.1 ms for 2 / 4 rows
+against 5.0 ms for one on the transposed copy; docs/algorithms.md §7,
+benchmarks/results/verify-probes.json). So before the walk the root's row
 and those of the nodes the builder expects to be accepted with probability at least
 `LIKELY_ROW_VALUE` are computed in one pass; the walk reads any other row as before. Which rows
 are computed ahead changes no token: each row's value is the one it gets alone (screened) or

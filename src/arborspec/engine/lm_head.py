@@ -4,7 +4,8 @@ demand for the verifier.
 Why (docs/algorithms.md §7, "Cheaper verification"): the LM head (vocabulary x hidden)
 is the largest matrix of a small model. On CPU, `F.linear` on one row (weights stored
 [V, H]) runs about twice as slow as the same product against a contiguous [H, V] copy
-(7.5 vs ~4 ms for SmolLM2's 49152 x 576 head on 2 cores), and a tree forward pays it
+(9.6 vs 5.0 ms for SmolLM2's 49152 x 576 head on 2 cores;
+benchmarks/results/verify-probes.json), and a tree forward pays it
 for every node although a verifier only reads the rows on the path it walks (accepted
 length of them). So the adapter runs the model's *decoder*, and this module turns
 hidden rows into logits:
@@ -12,8 +13,8 @@ hidden rows into logits:
 * `HeadRows.logits(hidden)`: one row against the transposed copy (CPU, heads up to
   1 GiB; it costs that much memory once), several rows against oneDNN's packed copy of
   the head where the transposed one is kept (made on the first call of several rows, the
-  same memory again; its kernel reads the weights once for all rows: 5.2 / 5.3 / 6.2 ms for
-  2 / 4 / 8 rows of the embedded target's head on 2 threads, against 6.4 / 8.2 / 10.8 for
+  same memory again; its kernel reads the weights once for all rows: 5.0 / 4.1 / 4.7 ms for
+  2 / 4 / 8 rows of the embedded target's head on 2 threads, against 10.2 / 19.5 / 17.9 for
   `torch.mm` on the transposed copy; benchmarks/results/verify-probes.json), else by
   `F.linear` (same weights, same float32 math up to summation order);
 * `LazyLogits`: indexable like a `[N, V]` logits tensor; row i is computed on first
@@ -92,7 +93,7 @@ class GreedyScreen:
 
     OUTLIERS = 4  # channels of the row kept in float32: the final norm's few huge channels would
     # otherwise set the row's quantisation scale (with none kept, 276 candidates at the median);
-    # more channels mean fewer candidates but a float32 head row copied per channel and row
+    # more channels mean fewer candidates but a float32 head row added per channel and row
     # (docs/algorithms.md §7)
 
     def __init__(

@@ -124,8 +124,8 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One draw from a `[V]` distribution (need not sum to 1), by its inverse CDF: one uniform
     against the float64 cumulative sums; a token of probability 0 has an empty interval and is
-    never drawn. (`torch.multinomial` draws one exponential per token for a single sample: 0.9 ms
-    on a 49152-token vocabulary on 2 CPU threads, against 0.07 ms here;
+    never drawn. (`torch.multinomial` draws one exponential per token for a single sample: 1.0 ms
+    on a 49152-token vocabulary on 2 CPU threads, against 0.08 ms here;
     benchmarks/results/verify-probes.json.)"""
     cdf = probs.detach().reshape(-1).cumsum(0, dtype=torch.float64)
     total = cdf[-1]
