@@ -45,11 +45,16 @@ class DrawSequence:
     @classmethod
     def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
         dist = ctx.probs(tree, [node])[0]
-        support = probability_support(dist)  # noise only for the tokens that can be drawn
-        tokens = sample_without_replacement(
-            dist, limit, ctx.gumbel(tree, node, support.numel()), support
-        )
-        probs = [float(dist[y]) for y in tokens]
+        if ctx.cfg.ordered_draws:  # no noise: the most likely tokens in order, those with D > 0
+            top = torch.topk(dist, min(limit, dist.numel()))
+            drawn = [(y, q) for y, q in zip(top.indices.tolist(), top.values.tolist()) if q > 0]
+            tokens, probs = [y for y, _ in drawn], [q for _, q in drawn]
+        else:
+            support = probability_support(dist)  # noise only for the tokens that can be drawn
+            tokens = sample_without_replacement(
+                dist, limit, ctx.gumbel(tree, node, support.numel()), support
+            )
+            probs = [float(dist[y]) for y in tokens]
         tails = [max(0.0, 1.0 - s) for s in itertools.accumulate([0.0] + probs[:-1])]
         return cls(dist, tokens, probs, tails)
 

@@ -240,12 +240,15 @@ class BatchRows:
         if self.cache is None:
             return
         if rows:
+            index: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # made once per device
             for layer in self.cache.layers:
                 t = _tensors(layer)
                 if t is None:
                     continue
                 dev = t[0].device
-                r, s, d = (torch.tensor(x, device=dev) for x in (rows, src, dst))
+                if dev not in index:
+                    index[dev] = tuple(torch.tensor(x, device=dev) for x in (rows, src, dst))
+                r, s, d = index[dev]
                 for states in t:
                     states[r, :, d] = states[r, :, s]
         drop = self.width - max(self.lens, default=0)
