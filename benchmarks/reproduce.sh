@@ -179,8 +179,8 @@ if run 14; then
   .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 --num-prompts 16 --concurrency 8 \
     --out $RES/batch-agreement-float32.json
 fi
-# 16. The server under load: `arborspec serve` on the int8 embedded pair (server defaults, then one shared
-#     node budget), 16 MT-Bench questions x 128 tokens, T = 0, streamed by 1, 4 and 16 async `openai`
+# 16. The server under load: `arborspec serve` on the int8 embedded pair (server defaults: one shared node
+#     budget; then per-request trees), 16 MT-Bench questions x 128 tokens, T = 0, streamed by 1, 4 and 16 async `openai`
 #     clients in a closed loop; speculative requests against the same server's `speculative: false` ones,
 #     interleaved, three repeats. Server and clients share the 2 cores.
 serve_load() {
@@ -195,7 +195,7 @@ serve_load() {
 if run 16; then
   say 16 "server load test"
   serve_load serve-load-int8 --dtype int8
-  serve_load serve-load-int8-shared --dtype int8 --shared-budget
+  serve_load serve-load-int8-per-request --dtype int8 --per-request-budget
 fi
 # 17. Replicas on Ray Serve: one replica with both cores against two replicas of one core each, the same
 #     workload as step 16 (speculative requests, the server's defaults), one repeat.

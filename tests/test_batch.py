@@ -261,6 +261,22 @@ def test_shared_budget_follows_its_budget_and_the_cost(int8_pair, references):
 
 
 @pytest.mark.slow
+def test_a_shared_budget_for_one_builder_leaves_other_requests_their_own_trees(int8_pair, references):
+    target, draft = int8_pair
+    default, own = builder("dyspec", 1), builder("dyspec", 2)
+    free = flat_cost(1.0, 0.0, 0.0)  # rows and forwards free: the shared trees grow to max_nodes
+    dec = BatchDecoder(ModelAdapter(target), ModelDrafter(draft), shared=SharedBudget(max_nodes=5, only=default))
+    dec.batch_cost, dec.history = free, DraftingHistory(free)
+    handles = [dec.submit(BatchRequest(list(p), GREEDY, default if i % 2 else own)) for i, p in enumerate(PROMPTS)]
+    dec.run()
+    assert [h.result.output_ids for h in handles] == references
+    for i, h in enumerate(handles):
+        sizes = {s.tree_size for s in h.result.steps if s.tree_size}
+        assert sizes == ({5} if i % 2 else {2}), (i, sizes)
+    with pytest.raises(ArborError, match="DySpec"):
+        SharedBudget(only=builder("specinfer", 2))
+
+
 @pytest.mark.parametrize("name,shared,lookup", [("dyspec", None, 0), ("specinfer", None, 0), ("c2t", None, 0),
                                                 ("dyspec", SharedBudget(max_nodes=5, budget=6), 0),
                                                 ("dyspec", SharedBudget(max_nodes=5), 0),

@@ -28,6 +28,7 @@ from arborspec.builders.registry import BUILDERS
 from arborspec.common.chat import eos_ids
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.sampling import SamplingConfig
+from arborspec.errors import ArborError
 from arborspec.models import load_pair, load_tokenizer
 from arborspec.serve import ServeConfig, Service, create_app
 from arborspec.common.ports import free_port
@@ -313,9 +314,25 @@ def test_health_says_ready_only_after_loading(tiny_dirs):
         service.load()
         status, reply, _ = server.raw("GET", "/health")
         assert (status, reply["status"], reply["precision"]) == (200, "ready", "int8")
+        assert reply["shared_budget"] is True  # the default on a CPU target
         assert server.raw("POST", "/v1/chat/completions", json.dumps(GOOD).encode())[0] == 200
     finally:
         server.stop()
+
+
+def test_a_shared_budget_needs_dyspec_and_is_off_when_asked(tiny_dirs):
+    pair = generator(tiny_dirs).pair
+    config = ServeConfig(target=str(tiny_dirs / "target"), model_name=MODEL, shared_budget=True, warmup=False)
+    service = Service(config, SpeculativeGenerator(pair=pair, method="specinfer", budget=3))
+    with pytest.raises(ArborError, match="--shared-budget grows DySpec trees"):
+        service.load()
+    config = ServeConfig(target=str(tiny_dirs / "target"), model_name=MODEL, shared_budget=False, warmup=False)
+    service = Service(config, SpeculativeGenerator(pair=pair, method="dyspec", budget=2))
+    service.load()
+    try:
+        assert service.describe()["shared_budget"] is False and service.engine.decoder.shared is None
+    finally:
+        service.close()
 
 
 # ------------------------------------------------------------------------------------------------ the batch

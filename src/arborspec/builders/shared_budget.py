@@ -38,6 +38,7 @@ from ..engine.batch_decode import expand_many
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.batch_cost import BatchCost
 from ..engine.tree import TokenTree
+from ..errors import ArborError
 from .base import DrawSequence, add_draw, require_positive
 from .dyspec import DySpecBuilder
 
@@ -54,11 +55,21 @@ class SharedBudget:
     max_depth: int | None = None
     budget: int | None = None  # draft nodes per step for the whole batch; None: by the cost curve
     prefetch: bool = True
+    # the requests it grows: those whose builder is this one (None: every DySpec request); a
+    # server grows its default requests' trees here and keeps a request's own method or budget
+    only: DySpecBuilder | None = None
 
     def __post_init__(self) -> None:
         require_positive(max_nodes=self.max_nodes, max_depth=self.max_depth, budget=self.budget)
+        if self.only is not None and not isinstance(self.only, DySpecBuilder):
+            raise ArborError(
+                f"a shared budget grows DySpec trees, not {type(self.only).__name__}'s: give it a "
+                "dyspec builder"
+            )
 
     def takes(self, builder: TreeBuilder | None) -> bool:
+        if self.only is not None:
+            return builder is self.only
         return isinstance(builder, DySpecBuilder)
 
     @property

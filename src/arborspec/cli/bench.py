@@ -251,7 +251,7 @@ def bench_serve(
 ) -> None:
     """Load-test the server with concurrent `openai` clients: speculative requests against the
     same server's plain ones (`speculative: false`). Options after `--` go to `arborspec serve`,
-    e.g. `arborspec bench-serve -- --dtype int8 --shared-budget`."""
+    e.g. `arborspec bench-serve -- --dtype int8 --per-request-budget`."""
     from ..bench.concurrency import parse_concurrency
     from ..bench.serve_load import ServeLoadConfig, run_serve_load
 

@@ -42,14 +42,14 @@ def serve(
     lookup: Optional[int] = typer.Option(
         None, "--lookup", help="context-lookup tokens per tree (default 6; 0: off)"
     ),
-    shared_budget: bool = typer.Option(
-        False,
+    shared_budget: Optional[bool] = typer.Option(
+        None,
         "--shared-budget/--per-request-budget",
-        help="grow the DySpec trees of the whole batch from one "
-        "heap sized by the measured batch costs",
+        help="grow the DySpec trees of the whole batch from one heap sized by the measured batch "
+        "costs, or each request's tree to its own budget (default: shared on a CPU)",
     ),
     shared_max_nodes: int = typer.Option(
-        8, "--shared-max-nodes", help="with --shared-budget: the largest tree of one request"
+        8, "--shared-max-nodes", help="with a shared budget: the largest tree of one request"
     ),
     host: str = typer.Option(
         "127.0.0.1",

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from ..api import SpeculativeGenerator
 from ..builders import make_builder
 from ..builders.registry import parse_budget
+from ..builders.dyspec import DySpecBuilder
 from ..builders.shared_budget import SharedBudget
 from ..common.chat import encode_messages, eos_ids
 from ..engine.batch_decode import BatchDecoder, BatchRequest
@@ -53,9 +54,10 @@ class ServeConfig:
     `default_max_tokens`: what a request that does not say gets (cut to the context);
     `max_prompt_tokens`: the longest prompt (None: the model's context); `max_body_bytes`: the
     largest request body (413 past it); `shutdown_timeout`: seconds in-flight requests get to
-    finish after SIGTERM / Ctrl-C before they are cancelled; `shared_budget`: grow DySpec trees of
-    the whole batch from one heap sized by the measured batch costs (builders/shared_budget.py),
-    each request's tree capped at `shared_max_nodes`."""
+    finish after SIGTERM / Ctrl-C before they are cancelled; `shared_budget`: grow the DySpec trees
+    of the requests that keep the server's method and budget from one heap sized by the measured
+    batch costs (builders/shared_budget.py), each request's tree capped at `shared_max_nodes`
+    (None: on a CPU target whose method is DySpec, off on a GPU; `shared_in_use` says which)."""
 
     target: str = EMBEDDED_TARGET
     draft: str | None = None
@@ -79,7 +81,7 @@ class ServeConfig:
     max_prompt_tokens: int | None = None
     max_body_bytes: int = 1 << 20
     shutdown_timeout: float = 30.0
-    shared_budget: bool = False
+    shared_budget: bool | None = None
     shared_max_nodes: int = 8
     warmup: bool = True
 
@@ -133,6 +135,7 @@ class Service:
             active=lambda: self.answering,
         )
         self._builders: dict[tuple, Any] = {}
+        self.shared_in_use = False  # a shared budget grows the default requests' trees (`_load`)
         self.replica: str | None = (
             None  # the replica's id when hosted as one of several (ray_app.py)
         )
@@ -186,8 +189,20 @@ class Service:
             limits.append(pair.drafter.max_positions)
         self.context = min(limits)
 
+        dyspec = isinstance(gen.builder, DySpecBuilder)
+        if c.shared_budget and not dyspec:
+            raise ArborError(
+                f"--shared-budget grows DySpec trees, and this server's method is "
+                f"{gen.builder.name}: use --method dyspec or --per-request-budget"
+            )
+        self.shared_in_use = dyspec and (
+            c.shared_budget if c.shared_budget is not None else pair.target.device.type == "cpu"
+        )
+
         def make_decoder() -> BatchDecoder:
-            shared = SharedBudget(max_nodes=c.shared_max_nodes) if c.shared_budget else None
+            shared = None
+            if self.shared_in_use:  # the server's own requests; one naming a budget keeps it
+                shared = SharedBudget(max_nodes=c.shared_max_nodes, only=gen.builder)
             return BatchDecoder(
                 pair.target,
                 pair.drafter,
@@ -253,7 +268,7 @@ class Service:
             "method": gen.builder.name,
             "budget": gen.builder.budget,
             "lookup": gen.settings.lookup,
-            "shared_budget": self.config.shared_budget,
+            "shared_budget": self.shared_in_use,
             "context": self.context,
         }
 
