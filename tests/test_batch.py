@@ -257,7 +257,27 @@ def test_shared_budget_follows_its_budget_and_the_cost(int8_pair, references):
         else:  # rows and forwards dearer than any token: drafting only when it looks again (EXPLORE)
             for h in handles:
                 drafted = sum(s.tree_size > 0 for s in h.result.steps)
-                assert drafted <= len(h.result.steps) // (EXPLORE + 1), drafted
+                assert drafted <= 2 * (len(h.result.steps) // (EXPLORE + 2) + 1), drafted
+
+
+def test_drafting_history_does_not_time_the_heads_catch_up():
+    history = DraftingHistory(flat_cost(1.0, 0.0, 0.0))
+    assert history.worth()
+    history.timed(1, 1.0, True)  # a first drafting step: not timed
+    assert history.rate[True] is None and history.worth()
+    history.timed(8, 1.0, True)
+    assert history.rate[True] == 8 and not history.worth()  # plain steps not timed yet
+    history.timed(5, 1.0, False)
+    assert history.worth()  # drafting has been the faster: 8 > 5
+    history.rate[True] = 4.0  # now it is not: plain steps until EXPLORE of them
+    for _ in range(2, EXPLORE + 1):
+        assert not history.worth()
+        history.timed(5, 1.0, False)
+    assert history.run == (False, EXPLORE) and history.worth()  # drafting timed again
+    history.timed(1, 10.0, True)  # the catch-up after EXPLORE plain steps: slow, and not timed
+    assert history.rate[True] == 4.0 and history.worth()  # a second drafting step, timed
+    history.timed(9, 1.0, True)
+    assert history.rate[True] == pytest.approx(0.8 * 4.0 + 0.2 * 9) and not history.worth()
 
 
 @pytest.mark.slow

@@ -130,8 +130,11 @@ class DraftingHistory:
     """Whether a batch's steps should draft, from what its steps measured: the running tokens per
     second of steps that drafted and of steps that did not (each step's committed tokens over its
     whole time: drafting, the forward, verification, compaction, bookkeeping). A step drafts when
-    drafting steps have been the faster; after `EXPLORE` steps of one kind, one step of the other
-    kind is timed again, so the choice follows a batch whose size or text changes. Also the running
+    drafting steps have been the faster; after `EXPLORE` steps of one kind, the other kind is timed
+    again, so the choice follows a batch whose size or text changes. The first step of a run of
+    drafting steps is not timed: its draft forward catches the head up on every token committed
+    while it did not draft, a cost of switching, not of drafting; a run that explores drafting
+    lasts two steps, so that one of them is timed. Also the running
     seconds the draft side adds beyond its timed forwards (its `begin`, the builders' own work),
     which the shared budget counts as paid once a step drafts."""
 
@@ -141,10 +144,12 @@ class DraftingHistory:
         self.run: tuple[bool, int] = (True, 0)  # the kind of the last steps, how many in a row
 
     def worth(self) -> bool:
-        for kind in (True, False):  # each kind timed at least once
-            if self.rate[kind] is None:
-                return kind
         kind, count = self.run
+        if kind and count == 1:  # a drafting run's first step catches up, its second is timed
+            return True
+        for k in (True, False):  # each kind timed at least once
+            if self.rate[k] is None:
+                return k
         if count >= EXPLORE:
             return not kind
         return self.rate[True] > self.rate[False]
@@ -154,11 +159,13 @@ class DraftingHistory:
         self.overhead = DECAY * self.overhead + (1 - DECAY) * max(0.0, overhead)
 
     def timed(self, tokens: int, seconds: float, drafted: bool) -> None:
+        kind, count = self.run
+        self.run = (drafted, count + 1 if kind == drafted else 1)
+        if drafted and self.run[1] == 1:
+            return  # the head's catch-up (class doc)
         rate = tokens / max(seconds, 1e-9)
         old = self.rate[drafted]
         self.rate[drafted] = rate if old is None else DECAY * old + (1 - DECAY) * rate
-        kind, count = self.run
-        self.run = (drafted, count + 1 if kind == drafted else 1)
 
 
 _MEASURED: dict[tuple, BatchCost] = {}
