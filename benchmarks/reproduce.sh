@@ -242,8 +242,8 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
   -m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6 \
   -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 \
   -m dyspec:budget=1:lookup=6
-# 21. A batched tree forward on the int8 target: the grouped float64 attention and the skipped padded rows,
-#     each against the forward without it, 4 and 8 requests, trees of even and uneven sizes.
+# 21. A batched tree forward on the int8 target: trees padded to the largest against packed into one row,
+#     replayed and eager, 4 and 8 requests, trees of even and uneven sizes.
 run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
   --out "$RES/batch-forward-probes.json"
 # 22. Where a step of batched decoding spends its time: 4 clients, the 16 MT-Bench questions x 128

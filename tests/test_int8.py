@@ -17,7 +17,7 @@ import arborspec.engine.int8 as int8_module
 from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima,
                                    int8_rows_product, pack_int8_weight, packed_int8_values, quantize_int8,
-                                   rounded_like_kernel, skip_padded_rows, smooth)
+                                   rounded_like_kernel, smooth)
 from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
@@ -120,8 +120,8 @@ def test_onednn_products_are_fbgemms_bit_for_bit(monkeypatch):
 @needs_amx
 def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
     """With oneDNN from 6 rows: replayed tree forwards of 9 rows run oneDNN's kernel (profiled), those of 1
-    and 3 rows fbgemm's, each kind of forward from its own trace; in a batch whose padded rows are skipped,
-    one trace, recorded where 5 rows are real (fbgemm), runs oneDNN where 6 are (the choice made in the replay).
+    and 3 rows fbgemm's, each kind of forward from its own trace; a packed batch of uneven trees runs fbgemm
+    over 5 rows and oneDNN over 6, from a trace of each kind.
     Every hidden state equals that of an eager adapter that only ever runs fbgemm, bit for bit."""
     model = tiny_llama(3, vocab=96, layers=2)
     gen = torch.Generator().manual_seed(0)
@@ -154,13 +154,12 @@ def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
         assert torch.equal(out[0], out[1]), step
     assert sorted(key.many for key in adapters[0].traced.traces) == [False, False, True]
 
-    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)  # skip padded rows in every batch
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3]}
     batches = [BatchTarget(ModelAdapter(target)), BatchTarget(ModelAdapter(target, trace=False))]
     for batch in batches:
         for key, ids in prompts.items():
             run(batch.adapter, lambda: batch.join(key, ids))
-    for sizes, real in (((4, 1), 5), ((5, 1), 6)):  # 8 and 10 rows fed: both oneDNN-sized forwards
+    for sizes, real in (((4, 1), 5), ((5, 1), 6)):  # packed: 5 and 6 rows
         trees = {key: TokenTree.from_root(9) for key in prompts}
         for j in range(sizes[0] - 1):
             trees["a"].add(0, 30 + j)
@@ -172,7 +171,7 @@ def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
             batch.keep({key: [] for key in prompts}, width)
         for key in prompts:
             assert torch.equal(states[0][key], states[1][key]), (sizes, key)
-    assert [(key.live, key.many) for key in batches[0].adapter.traced.traces] == [(True, True)]
+    assert [(key.packs, key.many) for key in batches[0].adapter.traced.traces] == [(True, False), (True, True)]
 
 
 @needs_amx
@@ -223,34 +222,11 @@ def test_smoothing_fold_keeps_the_float_model():
     assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
 
 
-def test_padded_rows_are_skipped_and_live_rows_keep_their_values(monkeypatch):
-    torch.manual_seed(1)
-    lin = torch.nn.Linear(32, 24, bias=True)
-    q = Int8Linear(lin)
-    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 0.5)  # skipped when fewer than half are real
-    x = torch.randn(3, 4, 32)
-    sizes = [2, 1, 2]  # real tokens at the start of each row of 4
-    live = torch.arange(4) < torch.tensor(sizes)[:, None]
-    full = q(x)
-    with skip_padded_rows(sizes, 4):
-        skipped = q(x)
-    assert torch.equal(skipped[live], full[live])
-    assert torch.equal(skipped[~live], lin.bias.detach().expand(int((~live).sum()), 24))  # no product
-    # mostly live rows: the plain product over every row
-    with skip_padded_rows([3, 4, 4], 4):
-        assert torch.equal(q(x), full)
-    # outside the block, and for a tensor of another row count inside it, every row is computed
-    assert torch.equal(q(x), full)
-    with skip_padded_rows(sizes, 4):
-        assert torch.equal(q(x[0]), full[0])
-
-
-@pytest.mark.parametrize("skip_below", [0.0, 1.01])
-def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, monkeypatch, skip_below):
-    """Uneven trees in one batched eager forward (rows padded to the widest; the replayed forward's skipping
-    is tests/test_traced.py's): every real row's hidden state is the one its tree gets alone, with the padded
-    rows' products skipped (1.01) or computed (0.0)."""
-    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", skip_below)
+@pytest.mark.parametrize("packs", [True, False])
+def test_batched_tree_forward_of_uneven_trees_equals_each_tree_alone(int8_pair, packs):
+    """Uneven trees in one batched eager forward, packed into one row (engine/packed_rows.py) or padded to the
+    widest (the replayed packed forward is tests/test_traced.py's): every real row's hidden state is the one
+    its tree gets alone, and the cache holds the same keys and values either way."""
     target = int8_pair[0]
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44]}
     trees = {}
@@ -261,6 +237,7 @@ def test_batched_tree_forward_with_padding_equals_each_tree_alone(int8_pair, mon
             parent = tree.add(0 if i % 2 else parent, token)
         trees[key] = tree
     batch = BatchTarget(ModelAdapter(target, trace=False))
+    batch.packs = packs
     for key, ids in prompts.items():
         batch.join(key, ids)
     _, states, _ = batch.verify_forward(trees)

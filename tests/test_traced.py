@@ -116,14 +116,13 @@ def test_float32_models_and_several_token_chunks_run_eagerly(int8_target):
     assert len(adapter.traced.traces) == 1
 
 
-def test_padded_rows_are_skipped_in_a_replay_as_in_the_eager_forward(int8_target, monkeypatch):
-    """Padded rows (uneven trees) with skipping forced for every batch: a replaying adapter runs a trace
-    of its own that takes the real rows as an input, and multiplies only those, as the eager forward does;
-    the same trace then serves another pattern of tree sizes. Every request gets the hidden states of its
-    tree alone."""
+def test_a_packed_batch_replays_as_the_eager_forward(int8_target, monkeypatch):
+    """Uneven trees are packed into one row (engine/packed_rows.py): a replaying adapter runs a trace of its
+    own that takes the packing as an input, and multiplies only the real rows, as the eager forward does; the
+    same trace then serves another pattern of tree sizes. Every request gets the hidden states of its tree
+    alone."""
     import arborspec.engine.int8 as int8_module
 
-    monkeypatch.setattr(int8_module, "SKIP_PADDING_BELOW", 1.01)
     product = int8_module.int8_rows_product
     rows_multiplied = []
 
@@ -150,7 +149,7 @@ def test_padded_rows_are_skipped_in_a_replay_as_in_the_eager_forward(int8_target
             # the real rows only, eagerly or while the trace records; a replay of it calls no Python
             recorded = not trace or trees is patterns[0]
             assert set(rows_multiplied) == ({real} if recorded else set())
-        assert [key.live for key in batches[True].adapter.traced.traces] == [True]
+        assert [key.packs for key in batches[True].adapter.traced.traces] == [True]
         assert batches[False].adapter.traced is None
         for key in trees:  # alone: the same steps (each kept its root) on the request's own cache
             alone = BatchTarget(ModelAdapter(int8_target, trace=False))

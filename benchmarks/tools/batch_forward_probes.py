@@ -1,4 +1,4 @@
-"""What skipping a batched tree forward's padded rows saves on the int8 target
+"""What packing a batched tree forward's real tokens into one row saves on the int8 target
 (docs/evaluation.md (i)).
 
     .venv/bin/python benchmarks/tools/batch_forward_probes.py \
@@ -11,16 +11,15 @@ row keeps its root), as a step of batched decoding runs it. Three variants of th
 turn within each round so that drift on the machine hits them alike, each on its own batch and
 adapter:
 
-* `replay, padded rows computed`: the forward replayed from a trace (engine/traced.py), every row
-  through the int8 products, padding included;
-* `replay, padded rows skipped`: the replay of a trace that takes the real rows as an input and
-  multiplies only those (`int8.skip_padded_rows`), paying a gather and a scatter per product;
-* `eager, padded rows skipped`: the modules' own forward (an adapter without traces), multiplying
-  only the real rows.
+* `replay, padded`: the forward replayed from a trace (engine/traced.py), `[B, N]` inputs, every
+  request padded to the largest tree;
+* `replay, packed`: the replay of a trace that takes the real tokens as one row `[1, S]` and where
+  they sit in the batch as inputs (engine/packed_rows.py);
+* `eager, packed`: the modules' own forward (an adapter without traces), packed.
 
 Each pattern's figures: the median milliseconds per forward of each variant over `--rounds` rounds,
-and each variant's median ratio to the first over the rounds (paired, round by round). Where the
-rows are all real, the variants that skip have nothing to skip and run as the first.
+and each variant's median ratio to the first over the rounds (paired, round by round). Where every
+tree has the same size nothing is padded and the packed variants run unpacked, as the engine does.
 """
 
 from __future__ import annotations
@@ -32,8 +31,6 @@ import time
 
 import torch
 
-import arborspec.engine.int8 as int8
-from arborspec.engine.int8 import SKIP_PADDING_BELOW
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages
 from arborspec.common.jsonfiles import write_json_atomic
@@ -77,22 +74,21 @@ def main() -> None:
     prompts = load_prompts("mt-bench", max(counts))
     ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
 
-    names = [
-        "replay, padded rows computed",
-        "replay, padded rows skipped",
-        "eager, padded rows skipped",
-    ]
-
-    def variant(name: str) -> None:
-        skip = 0.0 if name == names[0] else 1.01  # below: real rows / rows fed (always 1.0 or less)
-        int8.SKIP_PADDING_BELOW = skip
+    # name -> (replayed from a trace, packed)
+    variants = {
+        "replay, padded": (True, False),
+        "replay, packed": (True, True),
+        "eager, packed": (False, True),
+    }
+    names = list(variants)
 
     results = []
     for count in counts:
         batches = {}
         for name in names:  # each variant's own adapter and batch
-            trace = not name.startswith("eager")
+            trace, packs = variants[name]
             batches[name] = BatchTarget(ModelAdapter(pair.target.model, trace=trace))
+            batches[name].packs = packs
             for k in range(count):
                 batches[name].join(k, ids[k])
 
@@ -108,11 +104,9 @@ def main() -> None:
             sizes = [int(s) for s in pattern.split(",")]
             times: dict[str, list[float]] = {n: [] for n in names}
             for name in names:
-                variant(name)
                 forward(name, sizes)
             for r in range(args.rounds):
-                for name in names[r % 3:] + names[: r % 3]:
-                    variant(name)
+                for name in names[r % len(names):] + names[: r % len(names)]:
                     times[name].append(forward(name, sizes))
             base = times[names[0]]
             row = {
@@ -131,7 +125,6 @@ def main() -> None:
         **stamp(),
         "threads": args.threads,
         "rounds": args.rounds,
-        "skip_padding_below_in_the_engine": SKIP_PADDING_BELOW,
         "prompt_tokens": [len(i) for i in ids],
         "results": results,
     }

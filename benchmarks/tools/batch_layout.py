@@ -9,8 +9,9 @@ Three comparisons, each the median of `--repeats` interleaved rounds of verifyin
 * `holes`: 8 requests of 256 cached tokens each against 8 requests of 32, 64, ..., 256 (the cache as wide,
   every shorter row's columns past its length masked holes), N = 1 and 4: what holes cost, i.e. what
   repacking rows of different lengths could save at most;
-* `padding`: 4 requests whose trees have 1, 1, 1 and 8 rows (padded to 8 each) against 4 requests of 3 rows
-  each (about the same 11 real rows): what uneven trees cost through padded query rows;
+* `padding`: 4 requests whose trees have 1, 1, 1 and 8 rows against 4 requests of 3 rows each (about the
+  same 11 real rows): what uneven trees cost (packed into one row on the int8 target,
+  engine/packed_rows.py);
 * `batching`: 8 requests of N = 4 rows in one forward against the same 8 forwards one request at a time
   (a batch of one each): what the layout buys.
 """

@@ -18,7 +18,8 @@ decoding and each `-m` method (the `bench-batch` method syntax, `shared:` includ
 * `other`: verification walks, cache compaction, statistics, callbacks.
 
 Per method: milliseconds per step of each phase (mean over every step of every round), tokens per
-step, rows fed per target forward (every request padded to the widest tree) and rows that are real,
+step, rows fed per target forward (the real rows where the int8 target packs uneven trees into one
+row, engine/packed_rows.py; else every request padded to the widest tree) and rows that are real,
 the cache width during the target forward (the longest row plus the step's new columns), tokens/s. Methods take turns within each of `--rounds` rounds; every output is
 checked equal to plain batched decoding's.
 """
@@ -75,7 +76,8 @@ class Recorder:
                 self.current["draft_forwards"] = drafts.forward_time
             if rows:
                 sizes = [tree.num_nodes for tree in args[0].values()]
-                self.current["rows_fed"] += len(sizes) * max(sizes)
+                packs = self.decoder.target.packs and len(set(sizes)) > 1  # engine/packed_rows.py
+                self.current["rows_fed"] += sum(sizes) if packs else len(sizes) * max(sizes)
                 self.current["rows_real"] += sum(sizes)
                 self.current["width"] += self.decoder.target.width
             return out

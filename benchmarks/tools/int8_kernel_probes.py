@@ -119,7 +119,6 @@ def main() -> None:
         encode_messages(pair.tokenizer, conversation(p, []))
         for p in load_prompts("mt-bench", max(r for r, _ in BATCHES))
     ]
-    int8.SKIP_PADDING_BELOW = 0.0  # every row through the products
     for requests, nodes in BATCHES:
         batches = {}
         for name, rows in settings.items():  # each setting's own adapter, traced under it

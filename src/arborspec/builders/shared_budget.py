@@ -8,20 +8,22 @@ accepted whichever request they belong to: a request whose draft is confident ge
 one whose draft is lost gets its root alone.
 
 How many nodes (`budget=None`, the default) comes from the measured cost curve at the batch's
-row count. The batch's forward feeds every request the same number of rows N (the longest tree
-and its grafted lookup tokens, engine/batch_rows.py), so a step costs
+row count. Where the target packs a step's trees into one row (the int8 target,
+engine/packed_rows.py), a forward costs what its R real rows cost, so a step costs
 
-    T = t(B x N) + forwards x (one draft forward) + the step's overhead        (units of t(1))
+    T = t(B, R / B) + forwards x (one draft forward) + the step's overhead
 
-for B requests, and commits E = B + the sum of the accepted nodes' values, in expectation. A
-slot is drawn when its value v pays for what it adds to T at the best rate E / T seen so far:
-`v >= best rate x (T after - T before)`. A node in a request with fewer than N rows costs no
-target row (the padding is computed anyway); one whose parent has no draft probabilities yet costs
-a draft forward (which, with `prefetch`, also drafts the other first-child slots among the best in
-the heap); one that lengthens the longest tree opens a column of B rows, which every request as
-long gets to use: it is valued with the best slot of each of them. As the batch grows, t(B x N)
-grows and speculation shrinks; where no slot pays, every request is decoded plainly. This is
-Sequoia's `t(b x n)` sizing for a batch of b trees, taken to trees of different sizes.
+for B requests (`t(B, n)`: B requests of n rows each, measured), and commits E = B + the sum of
+the accepted nodes' values, in expectation. A slot is drawn when its value v pays for what it adds
+to T at the best rate E / T seen so far: `v >= best rate x (T after - T before)`: one target row,
+and a draft forward where its parent has no draft probabilities yet (which, with `prefetch`, also
+drafts the other first-child slots among the best in the heap). Where the forward is padded
+instead (every request fed N rows, the longest tree: engine/batch_rows.py), T counts t(B, N): a
+node in a request with fewer than N rows costs no target row, and one that lengthens the longest
+tree opens a column of B rows, which every request as long gets to use: it is valued with the best
+slot of each of them. As the batch grows, t grows and speculation shrinks; where no slot pays,
+every request is decoded plainly. This is Sequoia's `t(b x n)` sizing for a batch of b trees,
+taken to trees of different sizes.
 
 Every decision is made before the draw it concerns, from values known then (the slot's value,
 earlier draws of every request), never from the draw itself: the trees stay valid for the
@@ -83,8 +85,8 @@ class SharedBudget:
         lookups: dict,
         cost: BatchCost,
         overhead: float = 0.0,
-        other_requests: int = 0,
-        other_rows: int = 1,
+        others: list[int] | tuple[int, ...] = (),
+        packed: bool = True,
     ) -> tuple[dict, dict]:
         """Grow the trees of the requests in `roots` (key -> root token) from one heap, drafting
         through `ctxs` (key -> `DraftContext`; None: no drafting this step, lookup tokens only).
@@ -92,24 +94,26 @@ class SharedBudget:
         by the cost, its tokens join the heap as slots worth rate^i, no draft forward needed;
         with a fixed `budget` every proposal is grafted whole, outside the budget. `cost`: the
         batch's measured costs; `overhead`: seconds the draft side adds to a step beyond its timed
-        forwards (paid already when this runs). `other_requests`: requests of the batch grown
-        elsewhere (plain ones, other builders), `other_rows`: the most rows one of them feeds.
-        Returns the trees and, per request, how many of its proposal's tokens to graft."""
+        forwards (paid already when this runs). `others`: the most rows each request of the batch
+        grown elsewhere (plain ones, other builders) feeds; `packed`: whether the target packs the
+        step's trees (module doc). Returns the trees and, per request, how many of its proposal's tokens to graft."""
         keys = list(roots)
         trees = {k: TokenTree.from_root(roots[k], DySpecBuilder.children_mode) for k in keys}
-        requests = len(keys) + other_requests
+        requests = len(keys) + len(others)
         by_cost = self.budget is None
         grafted = {k: 0 if by_cost else len(lookups[k][0]) for k in lookups}
         rows = {k: 1 + grafted.get(k, 0) for k in keys}
-        width = max([other_rows, *rows.values()])
+        width = max([1, *others, *rows.values()])  # the longest tree: a padded forward's rows
+        total = sum(others) + sum(rows.values())  # a packed forward's rows
         forwards = 0
         draft = cost.draft(requests)
 
-        def step_cost(width: int, forwards: int) -> float:
-            return cost.target(requests, width) + forwards * draft + overhead
+        def step_cost(width: int, total: int, forwards: int) -> float:
+            rows_each = total / requests if packed else width
+            return cost.target(requests, rows_each) + forwards * draft + overhead
 
         expected = float(requests)
-        best = expected / step_cost(width, forwards)
+        best = expected / step_cost(width, total, forwards)
         draws: dict[tuple, DrawSequence] = {}
         # calibrated values: a node's is its parent's times the acceptance model's rate of its draw
         values = {k: {0: 1.0} for k in keys}
@@ -130,12 +134,14 @@ class SharedBudget:
             forward = not lookup and (k, parent) not in draws
             if by_cost:
                 gain, needs_forward = -neg, forward
-                if rows[k] + 1 > width:  # a new column: B rows, for every request as long as this
-                    column = self._column(heap, trees, rows, width, draws, k)
+                if not packed and rows[k] + 1 > width:  # a new column: B rows, for every request
+                    column = self._column(heap, trees, rows, width, draws, k)  # as long as this
                     gain += sum(value for value, _ in column.values())
                     needs_forward = needs_forward or any(f for _, f in column.values())
                 wider = max(width, rows[k] + 1)
-                extra = step_cost(wider, forwards + needs_forward) - step_cost(width, forwards)
+                extra = step_cost(wider, total + 1, forwards + needs_forward) - step_cost(
+                    width, total, forwards
+                )
                 if gain < best * extra:
                     continue  # this slot (with the column it opens) does not pay for its rows
             if forward:
@@ -151,6 +157,7 @@ class SharedBudget:
                 heapq.heappush(heap, (-known, next(counter), k, parent, j))
                 continue
             rows[k] += 1
+            total += 1
             width = max(width, rows[k])
             if lookup:  # the proposal's next token: no draw, no forward
                 grafted[k] = j + 1
@@ -164,7 +171,7 @@ class SharedBudget:
             added += 1
             values[k][node] = values[k][parent] * ctxs[k].acceptance_rate(seq.probs[j], j)
             expected += values[k][node]
-            best = max(best, expected / step_cost(width, forwards))
+            best = max(best, expected / step_cost(width, total, forwards))
             if j + 1 < len(seq):  # next sibling, unless the residual is empty
                 gain = values[k][parent] * self._rate(ctxs[k], seq, j + 1)
                 heapq.heappush(heap, (-gain, next(counter), k, parent, j + 1))

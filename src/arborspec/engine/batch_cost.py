@@ -2,9 +2,9 @@
 batched draft forward, and the draft side's `begin` (docs/algorithms.md §10).
 
 The single-sequence cost curve (engine/cost.py) times trees of one request; a batch's forward feeds
-B rows of N tokens (engine/batch_rows.py pads every request to the longest tree), and how its time
-grows with B x N is what decides whether speculation pays at a given concurrency: on a CPU whose
-target is compute-bound per row (the int8 target), every row a tree adds costs what a request's
+B requests' trees (packed into one row on the int8 target, engine/packed_rows.py, else every
+request padded to the longest tree), and how its time grows with B and the rows is what decides
+whether speculation pays at a given concurrency: on a CPU whose target is compute-bound per row (the int8 target), every row a tree adds costs what a request's
 own token does. `measure_batch_cost` times the grid once (synthetic requests of random tokens,
 chains of N - 1 nodes, the LM head's screened argmax of every root) on a batch of its own, never
 the decoder's; `BatchCost` interpolates it. What the draft side costs beyond its timed forwards

@@ -412,7 +412,8 @@ class BatchDecoder:
             cost = self._cost(spec)
         trees: dict[int, TokenTree] = {}
         others = [h for h in self.active if h not in shared]
-        other_rows = max((h.rows for h in others), default=1)
+        other_rows = [h.rows for h in others]
+        packed = self.target.packs
         batch_cost = None
         if shared:
             batch_cost = self._batch_cost()
@@ -423,7 +424,7 @@ class BatchDecoder:
                     h.ctx = None
                 grown, self.lookup_kept = self.shared.build_many(
                     None, {h.key: h.committed[-1] for h in shared}, self._lookups(shared, proposals),
-                    batch_cost, 0.0, len(others), other_rows,
+                    batch_cost, 0.0, other_rows, packed,
                 )
                 trees.update(grown)
                 spec = [h for h in spec if h not in shared]
@@ -468,8 +469,8 @@ class BatchDecoder:
                     self._lookups(shared, proposals),
                     batch_cost,
                     self.history.overhead,
-                    other_requests=len(others),
-                    other_rows=other_rows,
+                    others=other_rows,
+                    packed=packed,
                 )
                 return grown
 

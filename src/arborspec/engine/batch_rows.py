@@ -10,11 +10,13 @@ Only the kept columns move: O(kept rows) per layer, as the single-sequence compa
 (`ModelAdapter.compact`).
 
 Why padded rows rather than packed segments (one row holding every sequence back to back): the
-modelling code is transformers' own and runs one batch of `[B, N]` inputs with a `[B, 1, N, W+N]`
-mask; packing would give every forward a mask over the sum of all contexts (quadratic in the batch)
-and make each row's compaction move every later sequence. Holes cost attention over
+modelling code is transformers' own and runs a `[B, ...]` cache with a `[B, 1, N, W+N]` mask;
+packing the cache would give every forward a mask over the sum of all contexts (quadratic in the
+batch) and make each row's compaction move every later sequence. Holes cost attention over
 `max(lens) - lens[b]` masked columns per row, which `benchmarks/results/batch-layout.json` weighs
-against repacking.
+against repacking. The *queries* of a forward may be packed (`feed(pack=True)`,
+engine/packed_rows.py): the new tokens then go through the model as one row and only the cache
+layers and the attention see them laid out over the batch's rows.
 
 A sequence joins with the cache of its own prefill (batch size 1), padded to the batch's width and
 stacked; a sequence that leaves is cut out of every layer, and the cache shrinks to the longest row
@@ -32,6 +34,7 @@ import torch
 from transformers import DynamicCache
 
 from .kv_cache import MIN_CAPACITY, InPlaceLayer
+from .packed_rows import PackedRows
 
 # the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): with two
 # sequences or more, a batched step over float32 buffers takes less time than over float64 ones;
@@ -191,15 +194,22 @@ class BatchRows:
     # ------------------------------------------------------------------ forwards
     def feed(
         self,
-        run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        run: Callable[..., torch.Tensor],
         feeds: list[RowFeed | None],
+        pack: bool = False,
     ) -> tuple[torch.Tensor, int]:
         """One forward of every row's feed (None: the row feeds nothing, a padded row). `run(ids
         [B, N], positions [B, N], allowed [B, N, W + N] bool, key_positions [B, W + N])` runs the
         model over the cache and returns its output `[B, N, ...]`. Returns that output and W, the
-        column where the new tokens start."""
+        column where the new tokens start.
+
+        `pack`: where rows feed different numbers of tokens, the real tokens are packed into one
+        row (engine/packed_rows.py): `run(ids [1, S], positions [1, S], allowed, key_positions,
+        packed)` with the `PackedRows` as fifth argument, its output `[1, S, ...]`; the output is
+        laid out as `[B, N, ...]` here all the same (zeros at the padded slots)."""
         width = self.width
-        n = max((len(f.tokens) for f in feeds if f is not None), default=0)
+        sizes = [0 if f is None else len(f.tokens) for f in feeds]
+        n = max(sizes, default=0)
         batch = len(self.keys)
         ids = torch.zeros(batch, n, dtype=torch.long)
         pos = torch.zeros(batch, n, dtype=torch.long)
@@ -216,8 +226,15 @@ class BatchRows:
             allowed[b, :k, width : width + k] = feed.new
         keys = torch.cat([torch.arange(width).expand(batch, width), pos], dim=1)
         dev = self.device
-        out = run(ids.to(dev), pos.to(dev), allowed.to(dev), keys.to(dev))
-        return out, width
+        if not pack or batch < 2 or sum(sizes) == batch * n:
+            return run(ids.to(dev), pos.to(dev), allowed.to(dev), keys.to(dev)), width
+        rows = PackedRows.of(sizes)
+        flat_ids = ids.view(-1)[rows.index][None]
+        flat_pos = pos.view(-1)[rows.index][None]
+        rows = PackedRows(rows.grid.to(dev), rows.index.to(dev))
+        out = run(flat_ids.to(dev), flat_pos.to(dev), allowed.to(dev), keys.to(dev), rows)[0]
+        out = torch.cat([out, out.new_zeros(1, *out.shape[1:])])
+        return out.index_select(0, rows.grid.reshape(-1)).view(batch, n, *out.shape[1:]), width
 
     def old_columns(self, key: Hashable, k: int) -> torch.Tensor:
         """`[k, W]`: a row's valid prefix, for `RowFeed.old`."""

@@ -16,8 +16,9 @@ import torch
 from ..errors import ArborError
 from .adapter import ModelAdapter
 from .batch_rows import BatchRows, RowFeed
-from .int8 import skip_padded_rows
+from .kv_cache import uses_float64_attention
 from .lm_head import LazyLogits
+from .packed_rows import packing
 from .tree import TokenTree
 
 
@@ -33,6 +34,9 @@ class BatchTarget:
             )
         self.adapter = adapter
         self.rows = BatchRows(adapter.device)
+        # trees of different sizes packed into one row (engine/packed_rows.py) where the float64
+        # attention and its cache layers read the packing
+        self.packs = uses_float64_attention(adapter.model)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -83,16 +87,14 @@ class BatchTarget:
             )
         layout, dtype = adapter.layout, adapter.dtype
 
-        sizes = [len(f.tokens) for f in feeds]
-
-        def run(ids, pos, allowed, key_pos):
+        def run(ids, pos, allowed, key_pos, packed=None):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            # the padded rows' int8 products are skipped where most rows are padding (replayed
-            # or eager forward alike, docs/evaluation.md (i))
-            with skip_padded_rows(sizes, ids.shape[1]):
+            if packed is None:
+                return adapter.decoder_forward(ids, pos, mask, rows.cache)
+            with packing(packed):
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
-        hidden, width = rows.feed(run, feeds)
+        hidden, width = rows.feed(run, feeds, pack=self.packs)
         logits, states = {}, {}
         for b, key in enumerate(rows.keys):
             n = trees[key].num_nodes

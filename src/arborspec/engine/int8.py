@@ -39,9 +39,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from functools import cache
 from typing import List, Optional, Union
 
@@ -169,22 +166,21 @@ def _product_by_rows():
 
 
 def int8_rows_product(
-    rows: torch.Tensor, packed, onednn: OneDnnWeight | None = None, forward_rows: int = 0
+    rows: torch.Tensor, packed, onednn: OneDnnWeight | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 `rows [N, in]`, each quantised with its own scale max|x| / 127 -> (`rows W^T` with
     integer sums `[N, out]`, the scaled rows the kernel rounded to 8 bits `[N, in]`,
     the scales `[N, 1]`). `onednn`: the weight's oneDNN copy, used from `ONEDNN_MIN_ROWS` rows on
-    (the same values bit for bit); `forward_rows`: the rows of the whole forward where `rows` are
-    some of them (padded rows skipped)."""
+    (the same values bit for bit)."""
     # max |x| per row. Not `linalg.vector_norm(ord=inf)`: the same values, but its kernel is not
     # vectorised across rows (8x slower at 16 rows; benchmarks/tools/kernel_probes.py)
     scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
     scaled = rows / scale
     # A trace of a forward with rows enough for oneDNN records the choice itself
-    # (`_product_by_rows`: the real rows of a padded batch vary from replay to replay); one of
+    # (`_product_by_rows`: the rows of a packed batch vary from replay to replay); one of
     # fewer rows (a separate trace, engine/traced.py), like an eager call below the threshold,
     # calls fbgemm's entry point directly (no call of the choice per product in a replay).
-    many = onednn is not None and onednn_rows(max(rows.shape[0], forward_rows))
+    many = onednn is not None and onednn_rows(rows.shape[0])
     if many and (torch.jit.is_tracing() or rows.shape[0] >= ONEDNN_MIN_ROWS):
         y = _product_by_rows()(
             scaled, packed, onednn.weight, onednn.scales, onednn.zeros, ACT_ZERO, ONEDNN_MIN_ROWS
@@ -200,59 +196,6 @@ def rounded_like_kernel(scaled: torch.Tensor) -> torch.Tensor:
     return scaled.add(ACT_ZERO).round_().sub_(ACT_ZERO)
 
 
-@dataclass(frozen=True)
-class LiveRows:
-    """Which rows of a forward's flattened `[B, N]` inputs are real (`index`, ascending, into the
-    `total` rows); the rest are padding whose outputs nothing reads."""
-
-    index: torch.Tensor
-    total: int
-
-
-_LIVE_ROWS: ContextVar[LiveRows | None] = ContextVar("arborspec_int8_live_rows", default=None)
-
-# Skip padded rows only when enough of them are padding to pay for the gather and the scatter
-# around each product, in the modules' own forward and in one replayed from a trace
-# (engine/traced.py) alike (docs/evaluation.md (i)).
-SKIP_PADDING_BELOW = 0.5
-
-
-@contextmanager
-def skip_padded_rows(sizes: list[int], width: int):
-    """Within this block, the int8 linears of a forward of `[len(sizes), width]` inputs, whose row
-    b holds `sizes[b]` real tokens followed by padding, multiply only the real rows and give the
-    padded ones zeros (plus the bias).
-
-    A padded row then costs no int8 product, and a real row's output is unchanged bit for bit:
-    every row is quantised and summed on its own (module doc), so a product over fewer rows
-    gives each of them the same values. Nothing happens unless fewer than `SKIP_PADDING_BELOW`
-    of the rows are real.
-    """
-    total = len(sizes) * width
-    if sum(sizes) >= SKIP_PADDING_BELOW * total:
-        yield
-        return
-    index = torch.cat([torch.arange(size) + b * width for b, size in enumerate(sizes)])
-    with live_rows_are(LiveRows(index, total)):
-        yield
-
-
-@contextmanager
-def live_rows_are(live: LiveRows):
-    """The int8 linears of this block multiply only `live`'s rows of inputs of `live.total` rows
-    (`skip_padded_rows`; a trace of the decoder sets its own input index here while it records)."""
-    token = _LIVE_ROWS.set(live)
-    try:
-        yield
-    finally:
-        _LIVE_ROWS.reset(token)
-
-
-def live_rows() -> LiveRows | None:
-    """The rows being multiplied inside `skip_padded_rows` (None: every row)."""
-    return _LIVE_ROWS.get()
-
-
 def int8_rows_linear(
     x: torch.Tensor,
     packed,
@@ -261,16 +204,9 @@ def int8_rows_linear(
     onednn: OneDnnWeight | None = None,
 ) -> torch.Tensor:
     """`x [..., in]` -> `[..., out]`: each row quantised with its own scale, products
-    summed in integers (only the live rows inside `skip_padded_rows`; `onednn`: as for
-    `int8_rows_product`)."""
+    summed in integers (`onednn`: as for `int8_rows_product`)."""
     rows = x.reshape(-1, x.shape[-1]).float()
-    live = _LIVE_ROWS.get()
-    if live is not None and live.total == rows.shape[0]:
-        y = rows.new_zeros(rows.shape[0], out_features)
-        real = int8_rows_product(rows.index_select(0, live.index), packed, onednn, live.total)[0]
-        y.index_copy_(0, live.index, real)
-    else:
-        y = int8_rows_product(rows, packed, onednn)[0]
+    y = int8_rows_product(rows, packed, onednn)[0]
     if bias is not None:
         y.add_(bias)
     return y.view(*x.shape[:-1], out_features).to(x.dtype)

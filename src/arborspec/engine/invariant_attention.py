@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .packed_rows import from_grid, packed, to_grid
+
 NAME = "arborspec_float64"
 
 
@@ -47,7 +49,15 @@ def float64_attention(
     (transformers' layout).
 
     PyTorch's fused attention kernel in float64 (`attend_float64`; `group_queries` as there).
+    In a packed batched forward (engine/packed_rows.py) the queries `[1, H, S, D]` are laid out
+    over the batch `[B, H, N, D]` first, and the output is packed back to `[1, S, H, D]`.
     """
+    rows = packed(query.shape[2]) if query.shape[0] == 1 and key.shape[0] > 1 else None
+    if rows is not None:
+        out, _ = float64_attention(
+            module, to_grid(query, rows.grid), key, value, attention_mask, scaling, dropout, group_queries
+        )
+        return from_grid(out, rows.index), None
     q_len, length = query.shape[2], key.shape[2]
     mask = None
     if attention_mask is not None:

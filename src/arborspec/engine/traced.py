@@ -27,10 +27,9 @@ copies).
 A forward's sizes (rows, batch, cache length) are read from its tensors in the replay. Python
 decisions that depend on them are recorded as taken when traced: the float64 attention decides
 between one query row and several, so a trace is kept per `TraceKey` (batch of one or more, one
-row or more, mask or none, int8 products over every row or over the real rows of a batch with
-padding, `int8.skip_padded_rows`, which rows being an input; rows enough for oneDNN's int8
-kernel or not) and made on the first forward of its kind (about a second for the embedded
-target). Traces live in memory with the adapter that made them, for the process.
+row or more, mask or none, a batch packed into one row or not, `engine/packed_rows.py`, where
+its tokens sit being an input; rows enough for oneDNN's int8 kernel or not) and made on the
+first forward of its kind (about a second for the embedded target). Traces live in memory with the adapter that made them, for the process.
 
 `torch.jit.trace` is deprecated by PyTorch in favour of `torch.compile` and `torch.export`, which
 do not give this path bit-identical results here (docs/evaluation.md (h)); every forward the
@@ -50,8 +49,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..common.hf_cache import cache_kwargs
-from .int8 import LiveRows, live_rows, live_rows_are, onednn_rows
+from .int8 import onednn_rows
 from .kv_cache import InPlaceLayer
+from .packed_rows import PackedRows, packed, packing, to_grid
 
 
 def _write_rows(buffer: torch.Tensor, states: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -79,31 +79,32 @@ class _TracedLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        rows = packed(key_states.shape[2]) if key_states.shape[0] == 1 else None
+        if rows is not None:  # a packed batched forward (engine/packed_rows.py)
+            key_states, value_states = to_grid(key_states, rows.grid), to_grid(value_states, rows.grid)
         self.keys = _write_rows(self.key_buffer, key_states, self.start)
         self.values = _write_rows(self.value_buffer, value_states, self.start)
         return self.keys, self.values
 
 
 class _Traceable(nn.Module):
-    """The decoder as a function of tensors only: (ids, positions, [mask,] [live rows,] start,
-    buffers...) -> last hidden states `[B, N, H]`."""
+    """The decoder as a function of tensors only: (ids, positions, [mask,] [packed grid, packed
+    index,] start, buffers...) -> last hidden states `[B, N, H]` (`[1, S, H]` packed)."""
 
-    def __init__(self, decoder: nn.Module, masked: bool, live: bool) -> None:
+    def __init__(self, decoder: nn.Module, masked: bool, packs: bool) -> None:
         super().__init__()
-        self.decoder, self.masked, self.live = decoder, masked, live
+        self.decoder, self.masked, self.packs = decoder, masked, packs
 
     def forward(self, input_ids, position_ids, *rest):
         mask, rest = (rest[0], rest[1:]) if self.masked else (None, rest)
-        index, rest = (rest[0], rest[1:]) if self.live else (None, rest)
+        pack, rest = (PackedRows(rest[0], rest[1]), rest[2:]) if self.packs else (None, rest)
         start, buffers = rest[0], rest[1:]
         cache = DynamicCache(config=self.decoder.config)
         cache.layers = [
             _TracedLayer(buffers[i], buffers[i + 1], start) for i in range(0, len(buffers), 2)
         ]
-        skip = nullcontext()
-        if index is not None:  # the int8 products gather this input's rows (engine/int8.py)
-            skip = live_rows_are(LiveRows(index, input_ids.shape[0] * input_ids.shape[1]))
-        with skip:
+        # the batch's rows packed into one (engine/packed_rows.py)
+        with nullcontext() if pack is None else packing(pack):
             out = self.decoder(
                 input_ids=input_ids,
                 position_ids=position_ids,
@@ -117,8 +118,9 @@ class _Traceable(nn.Module):
 @dataclass(frozen=True)
 class TraceKey:
     """The Python decisions a trace records: several sequences or one, several query rows or one,
-    whether a mask is passed (and its kind), whether the int8 products take only some rows
-    (`int8.skip_padded_rows`; which rows is an input of the replay), whether the forward has
+    whether a mask is passed (and its kind), whether the batch's tokens are packed into one row
+    (engine/packed_rows.py; where they sit is an input of the replay; several sequences and several
+    rows then count the batch's layout, not the packed row), whether the forward has
     rows enough for oneDNN's int8 kernel (`int8.onednn_rows`; which kernel each product runs is
     then decided in the replay), and the cache buffers' dtype (the attention's conversion of
     float32 buffers is recorded; float64 ones need none)."""
@@ -126,7 +128,7 @@ class TraceKey:
     batched: bool
     rows: bool
     mask: tuple[torch.dtype, int, int] | None  # dtype, dimensions, heads
-    live: bool = False
+    packs: bool = False
     many: bool = False
     storage: torch.dtype = torch.float64  # the cache buffers' dtype (engine/kv_cache.py)
 
@@ -135,12 +137,13 @@ class TraceKey:
         cls,
         input_ids: torch.Tensor,
         mask: torch.Tensor | None,
-        live: bool = False,
+        pack: PackedRows | None = None,
         storage: torch.dtype = torch.float64,
     ) -> "TraceKey":
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
         many = onednn_rows(input_ids.numel())
-        return cls(input_ids.shape[0] > 1, input_ids.shape[1] > 1, kind, live, many, storage)
+        batch, rows = input_ids.shape if pack is None else pack.grid.shape
+        return cls(batch > 1, rows > 1, kind, pack is not None, many, storage)
 
 
 class TracedDecoder:
@@ -177,30 +180,29 @@ class TracedDecoder:
         cache,
     ) -> torch.Tensor:  # [B, N, H]
         layers = cache.layers
+        pack = packed(input_ids.numel()) if input_ids.shape[0] == 1 else None
         start = layers[0].length
-        end = start + input_ids.shape[1]
+        end = start + (input_ids.shape[1] if pack is None else pack.grid.shape[1])
         buffers = []
         for layer in layers:
             layer.reserve(end)
             buffers += layer.buffers
-        live = live_rows()
-        if live is not None and live.total != input_ids.numel():
-            live = None  # not this forward's rows
         args = (input_ids, position_ids) + (() if mask is None else (mask,))
-        args += (() if live is None else (live.index,)) + (torch.tensor(start),) + tuple(buffers)
-        key = TraceKey.of(input_ids, mask, live is not None, buffers[0].dtype)
+        args += () if pack is None else (pack.grid, pack.index)
+        args += (torch.tensor(start),) + tuple(buffers)
+        key = TraceKey.of(input_ids, mask, pack, buffers[0].dtype)
         trace = self.traces.get(key)
         if trace is None:
-            trace = self.traces[key] = self._trace(args, mask is not None, live is not None)
+            trace = self.traces[key] = self._trace(args, mask is not None, pack is not None)
         hidden = replay(trace, args)
         for layer in layers:
             layer.extend_to(end)
         return hidden
 
-    def _trace(self, args: tuple, masked: bool, live: bool) -> torch.jit.ScriptModule:
+    def _trace(self, args: tuple, masked: bool, packs: bool) -> torch.jit.ScriptModule:
         """Record one forward (its writes land in the cache, and are written again by the replay
         that follows with the same values)."""
-        return frozen_trace(_Traceable(self.decoder, masked, live), args)
+        return frozen_trace(_Traceable(self.decoder, masked, packs), args)
 
 
 def frozen_trace(module: nn.Module, args: tuple) -> torch.jit.ScriptModule:

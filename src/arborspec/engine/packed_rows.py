@@ -1,0 +1,98 @@
+"""A batched forward whose new tokens are packed into one row (docs/algorithms.md §10).
+
+In a batched step each request feeds its own number of tokens (its tree; a request decoded
+plainly feeds one). transformers' modules take `[B, N]` inputs, so a padded forward feeds every
+request N tokens, N the largest tree, and a padded token costs what a real one costs in the
+linears, the norms, the rotary embeddings and the MLP. A packed forward feeds the step's S real
+tokens as one row `[1, S]` instead, each at its own position: everything that works token by
+token runs on the real tokens only. Two places need the batch, and see it through `packed()`:
+
+* the cache layer (engine/kv_cache.py, engine/traced.py) lays the new keys and values out as
+  `[B, H, N, D]` (`to_grid`: each request's tokens in its own row, zeros in the padding) and
+  writes them as a padded forward would;
+* the float64 attention (engine/invariant_attention.py) lays the queries out the same way, attends
+  over the batch's cache with the padded forward's `[B, 1, N, W + N]` mask, and packs its output
+  back (`from_grid`).
+
+Every real token's values are then the padded forward's bit for bit: per token the same
+operations on the same inputs (the int8 linears and the norms compute each row on its own,
+engine/int8.py), and the same attention over the same grid (a padded query still attends to
+itself only, to a zero key instead of its padded token's). Tests: tests/test_batch.py.
+
+Only the int8 target's path packs (its float64 attention and `InPlaceLayer`s read `packed()`);
+a model on transformers' own attention and cache layers runs the padded forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Where a packed forward's tokens sit in the padded grid `[B, N]`.
+
+    `grid [B, N]`: the packed token at each slot, S (one past the last token) at a padded slot;
+    `index [S]`: each packed token's slot `b * N + j` in the flattened grid."""
+
+    grid: torch.Tensor
+    index: torch.Tensor
+
+    @classmethod
+    def of(cls, sizes: list[int], device: torch.device | str = "cpu") -> "PackedRows":
+        """Request b's `sizes[b]` tokens at slots (b, 0..sizes[b] - 1), requests in order."""
+        width, total = max(sizes, default=0), sum(sizes)
+        grid = torch.full((len(sizes), width), total, dtype=torch.long)
+        index = torch.empty(total, dtype=torch.long)
+        start = 0
+        for b, size in enumerate(sizes):
+            grid[b, :size] = torch.arange(start, start + size)
+            index[start : start + size] = torch.arange(b * width, b * width + size)
+            start += size
+        return cls(grid.to(device), index.to(device))
+
+    @property
+    def tokens(self) -> int:
+        """S, the tokens of the packed row."""
+        return self.index.shape[0]
+
+
+_PACKED: ContextVar[PackedRows | None] = ContextVar("arborspec_packed_rows", default=None)
+
+
+@contextmanager
+def packing(rows: PackedRows) -> Iterator[None]:
+    """Within this block, forwards of `rows.tokens` tokens in one row are packed batched forwards
+    (module doc)."""
+    token = _PACKED.set(rows)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+def packed(tokens: int) -> PackedRows | None:
+    """The packing of a forward of `tokens` tokens in one row, None where it is not packed."""
+    rows = _PACKED.get()
+    return rows if rows is not None and rows.tokens == tokens else None
+
+
+def to_grid(states: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """`[1, H, S, D]` -> `[B, H, N, D]`: each slot's token, zeros at the padded slots."""
+    flat = states[0].transpose(0, 1)  # [S, H, D]
+    flat = torch.cat([flat, flat.new_zeros(1, flat.shape[1], flat.shape[2])])
+    batch, width = grid.shape[0], grid.shape[1]
+    laid = flat.index_select(0, grid.reshape(-1))
+    return laid.view(batch, width, flat.shape[1], flat.shape[2]).transpose(1, 2)
+
+
+def from_grid(out: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`[B, N, H, D]` (transformers' attention output layout) -> `[1, S, H, D]`, the packed
+    tokens' rows."""
+    flat = out.reshape(out.shape[0] * out.shape[1], out.shape[2], out.shape[3])
+    return flat.index_select(0, index).unsqueeze(0)
