@@ -10,6 +10,7 @@ single-sequence decoding (engine/adapter.py), whose model, head and prefill this
 from __future__ import annotations
 
 from collections.abc import Hashable
+from contextlib import nullcontext
 
 import torch
 
@@ -89,9 +90,7 @@ class BatchTarget:
 
         def run(ids, pos, allowed, key_pos, packed=None):
             mask = layout.batch_mask(allowed, pos, key_pos, dtype)
-            if packed is None:
-                return adapter.decoder_forward(ids, pos, mask, rows.cache)
-            with packing(packed):
+            with nullcontext() if packed is None else packing(packed):
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
         hidden, width = rows.feed(run, feeds, pack=self.packs)

@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .invariant_attention import NAME as FLOAT64_ATTENTION
-from .packed_rows import packed, to_grid
+from .packed_rows import grid_states
 
 MIN_CAPACITY = 256  # rows allocated at first; the buffer doubles when it is full
 
@@ -86,9 +86,7 @@ class InPlaceLayer(DynamicLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # a packed batched forward's tokens go to their requests' rows (engine/packed_rows.py)
-        rows = packed(key_states.shape[2]) if key_states.shape[0] == 1 else None
-        if rows is not None:
-            key_states, value_states = to_grid(key_states, rows.grid), to_grid(value_states, rows.grid)
+        key_states, value_states = grid_states(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.length

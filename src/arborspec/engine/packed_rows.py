@@ -91,6 +91,15 @@ def to_grid(states: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     return laid.view(batch, width, flat.shape[1], flat.shape[2]).transpose(1, 2)
 
 
+def grid_states(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's new keys and values `[1, H, S, D]` of a packed forward laid out over the
+    batch (`to_grid`); those of any other forward as they are."""
+    rows = packed(keys.shape[2]) if keys.shape[0] == 1 else None
+    if rows is None:
+        return keys, values
+    return to_grid(keys, rows.grid), to_grid(values, rows.grid)
+
+
 def from_grid(out: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`[B, N, H, D]` (transformers' attention output layout) -> `[1, S, H, D]`, the packed
     tokens' rows."""

@@ -51,7 +51,7 @@ from transformers.cache_utils import DynamicLayer
 from ..common.hf_cache import cache_kwargs
 from .int8 import onednn_rows
 from .kv_cache import InPlaceLayer
-from .packed_rows import PackedRows, packed, packing, to_grid
+from .packed_rows import PackedRows, grid_states, packed, packing
 
 
 def _write_rows(buffer: torch.Tensor, states: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -79,9 +79,8 @@ class _TracedLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        rows = packed(key_states.shape[2]) if key_states.shape[0] == 1 else None
-        if rows is not None:  # a packed batched forward (engine/packed_rows.py)
-            key_states, value_states = to_grid(key_states, rows.grid), to_grid(value_states, rows.grid)
+        # a packed batched forward's tokens go to their requests' rows (engine/packed_rows.py)
+        key_states, value_states = grid_states(key_states, value_states)
         self.keys = _write_rows(self.key_buffer, key_states, self.start)
         self.values = _write_rows(self.value_buffer, value_states, self.start)
         return self.keys, self.values
