@@ -243,7 +243,8 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
   -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 \
   -m dyspec:budget=1:lookup=6
 # 21. A batched tree forward on the int8 target: trees padded to the largest against packed into one row,
-#     replayed and eager, 4 and 8 requests, trees of even and uneven sizes.
+#     its attention over the grid or a long tree's rows in a call of their own, replayed and eager,
+#     4 and 8 requests, trees of even and uneven sizes.
 run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
   --out "$RES/batch-forward-probes.json"
 # 22. Where a step of batched decoding spends its time: 4 clients, the 16 MT-Bench questions x 128

@@ -19,6 +19,7 @@ from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Lin
                                    int8_rows_product, pack_int8_weight, packed_int8_values, quantize_int8,
                                    rounded_like_kernel, smooth)
 from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
+from arborspec.engine.packed_rows import split_width
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
@@ -222,11 +223,12 @@ def test_smoothing_fold_keeps_the_float_model():
     assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("packs", [True, False])
-def test_batched_tree_forward_of_uneven_trees_equals_each_tree_alone(int8_pair, packs):
-    """Uneven trees in one batched eager forward, packed into one row (engine/packed_rows.py) or padded to the
-    widest (the replayed packed forward is tests/test_traced.py's): every real row's hidden state is the one
-    its tree gets alone, and the cache holds the same keys and values either way."""
+@pytest.mark.parametrize("packs,splits", [(True, True), (True, False), (False, False)])
+def test_batched_tree_forward_of_uneven_trees_equals_each_tree_alone(int8_pair, packs, splits):
+    """Uneven trees in one batched eager forward, packed into one row (engine/packed_rows.py; the long tree's
+    rows attended in a call of their own or with the others) or padded to the widest (the replayed packed
+    forward is tests/test_traced.py's): every real row's hidden state is the one its tree gets alone, and the
+    cache holds the same keys and values either way."""
     target = int8_pair[0]
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44]}
     trees = {}
@@ -237,9 +239,10 @@ def test_batched_tree_forward_of_uneven_trees_equals_each_tree_alone(int8_pair, 
             parent = tree.add(0 if i % 2 else parent, token)
         trees[key] = tree
     batch = BatchTarget(ModelAdapter(target, trace=False))
-    batch.packs = packs
+    batch.packs, batch.splits = packs, splits
     for key, ids in prompts.items():
         batch.join(key, ids)
+    assert split_width([t.num_nodes for t in trees.values()]) == 2  # a batch that splits, splits this one
     _, states, _ = batch.verify_forward(trees)
     for key, tree in trees.items():
         alone = BatchTarget(ModelAdapter(target, trace=False))

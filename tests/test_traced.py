@@ -12,6 +12,7 @@ from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.int8 import quantize_int8
 from arborspec.engine.kv_cache import MIN_CAPACITY
+from arborspec.engine.packed_rows import split_width
 from arborspec.engine.tree import TokenTree
 
 from conftest import tiny_llama
@@ -158,3 +159,35 @@ def test_a_packed_batch_replays_as_the_eager_forward(int8_target, monkeypatch):
                 _, own, width = alone.verify_forward({key: earlier[key]})
                 alone.keep({key: []}, width)
             assert torch.equal(states[True][key], own[key]) and torch.equal(states[False][key], own[key]), key
+
+
+def test_a_packed_batch_whose_attention_splits_replays_as_each_tree_alone(int8_target):
+    """One long tree beside short ones: the packed forward attends the long tree's rows past the next longest in
+    a call of their own (engine/packed_rows.py, `split_width`). One trace serves patterns whose long request and
+    split width differ; every request gets the hidden states of its tree alone, replayed, eagerly, and with the
+    attention unsplit."""
+    prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44], "d": [9, 9, 30]}
+    patterns = [{"a": tree_of(3, 9, seed=1), "b": tree_of(4, 1, seed=2), "c": tree_of(5, 2, seed=3), "d": tree_of(6, 1, seed=4)},
+                {"a": tree_of(3, 1, seed=5), "b": tree_of(4, 3, seed=6), "c": tree_of(5, 2, seed=7), "d": tree_of(6, 8, seed=8)}]
+    variants = {"replayed": (True, True), "eager": (False, True), "unsplit": (True, False)}
+    batches = {}
+    for name, (trace, splits) in variants.items():
+        batches[name] = BatchTarget(ModelAdapter(int8_target, trace=trace))
+        batches[name].splits = splits
+        for key, ids in prompts.items():
+            batches[name].join(key, ids)
+    for trees in patterns:
+        assert split_width([tree.num_nodes for tree in trees.values()]) is not None
+        states = {}
+        for name, batch in batches.items():
+            _, states[name], width = batch.verify_forward(trees)
+            batch.keep({key: [] for key in trees}, width)
+        assert [(key.packs, key.split) for key in batches["replayed"].adapter.traced.traces] == [(True, True)]
+        for key in trees:
+            alone = BatchTarget(ModelAdapter(int8_target, trace=False))
+            alone.join(key, prompts[key])
+            for earlier in patterns[: patterns.index(trees) + 1]:
+                _, own, width = alone.verify_forward({key: earlier[key]})
+                alone.keep({key: []}, width)
+            for name in variants:
+                assert torch.equal(states[name][key], own[key]), (name, key)

@@ -1,5 +1,5 @@
-"""What packing a batched tree forward's real tokens into one row saves on the int8 target
-(docs/evaluation.md (i)).
+"""What packing a batched tree forward's real tokens into one row, and attending a long tree's
+rows in a call of their own, save on the int8 target (docs/evaluation.md (i)).
 
     .venv/bin/python benchmarks/tools/batch_forward_probes.py \
         --out benchmarks/results/batch-forward-probes.json
@@ -37,12 +37,14 @@ from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import stamp
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
+from arborspec.engine.packed_rows import split_width
 from arborspec.engine.tree import TokenTree
 from arborspec.models import load_pair
 
 PATTERNS = {
     4: [
-        "1,1,1,1", "2,2,2,2", "4,1,2,3", "8,2,2,2", "8,8,2,2", "6,3,1,2", "10,3,6,1", "10,10,10,10",
+        "1,1,1,1", "2,2,2,2", "4,1,2,3", "8,2,2,2", "7,1,1,1", "8,8,2,2", "6,3,1,2", "10,3,6,1",
+        "10,10,10,10",
     ],
     8: [
         "1,1,1,1,1,1,1,1",
@@ -74,11 +76,12 @@ def main() -> None:
     prompts = load_prompts("mt-bench", max(counts))
     ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
 
-    # name -> (replayed from a trace, packed)
+    # name -> (replayed from a trace, packed, attention split)
     variants = {
-        "replay, padded": (True, False),
-        "replay, packed": (True, True),
-        "eager, packed": (False, True),
+        "replay, padded": (True, False, False),
+        "replay, packed": (True, True, False),
+        "replay, packed, split": (True, True, True),
+        "eager, packed, split": (False, True, True),
     }
     names = list(variants)
 
@@ -86,9 +89,9 @@ def main() -> None:
     for count in counts:
         batches = {}
         for name in names:  # each variant's own adapter and batch
-            trace, packs = variants[name]
+            trace, packs, splits = variants[name]
             batches[name] = BatchTarget(ModelAdapter(pair.target.model, trace=trace))
-            batches[name].packs = packs
+            batches[name].packs, batches[name].splits = packs, splits
             for k in range(count):
                 batches[name].join(k, ids[k])
 
@@ -113,6 +116,7 @@ def main() -> None:
                 "requests": count,
                 "tree_sizes": sizes,
                 "live_rows": sum(sizes) / (count * max(sizes)),
+                "split_width": split_width(sizes),
                 "ms": {n: round(statistics.median(t) * 1e3, 2) for n, t in times.items()},
                 "ratio_to_first": {
                     n: round(statistics.median(a / b for a, b in zip(times[n], base)), 3)

@@ -10,8 +10,8 @@ Three comparisons, each the median of `--repeats` interleaved rounds of verifyin
   every shorter row's columns past its length masked holes), N = 1 and 4: what holes cost, i.e. what
   repacking rows of different lengths could save at most;
 * `padding`: 4 requests whose trees have 1, 1, 1 and 8 rows against 4 requests of 3 rows each (about the
-  same 11 real rows): what uneven trees cost (packed into one row on the int8 target,
-  engine/packed_rows.py);
+  same 11 real rows): what uneven trees cost (packed into one row on the int8 target, the long
+  tree's attention in a call of its own, engine/packed_rows.py);
 * `batching`: 8 requests of N = 4 rows in one forward against the same 8 forwards one request at a time
   (a batch of one each): what the layout buys.
 """

@@ -197,6 +197,7 @@ class BatchRows:
         run: Callable[..., torch.Tensor],
         feeds: list[RowFeed | None],
         pack: bool = False,
+        split: bool = True,
     ) -> tuple[torch.Tensor, int]:
         """One forward of every row's feed (None: the row feeds nothing, a padded row). `run(ids
         [B, N], positions [B, N], allowed [B, N, W + N] bool, key_positions [B, W + N])` runs the
@@ -206,7 +207,8 @@ class BatchRows:
         `pack`: where rows feed different numbers of tokens, the real tokens are packed into one
         row (engine/packed_rows.py): `run(ids [1, S], positions [1, S], allowed, key_positions,
         packed)` with the `PackedRows` as fifth argument, its output `[1, S, ...]`; the output is
-        laid out as `[B, N, ...]` here all the same (zeros at the padded slots)."""
+        laid out as `[B, N, ...]` here all the same (zeros at the padded slots). `split`: whether
+        the packing may split the attention (`PackedRows.of`)."""
         width = self.width
         sizes = [0 if f is None else len(f.tokens) for f in feeds]
         n = max(sizes, default=0)
@@ -228,10 +230,10 @@ class BatchRows:
         dev = self.device
         if not pack or batch < 2 or sum(sizes) == batch * n:
             return run(ids.to(dev), pos.to(dev), allowed.to(dev), keys.to(dev)), width
-        rows = PackedRows.of(sizes)
+        rows = PackedRows.of(sizes, split=split)
         flat_ids = ids.view(-1)[rows.index][None]
         flat_pos = pos.view(-1)[rows.index][None]
-        rows = PackedRows(rows.grid.to(dev), rows.index.to(dev))
+        rows = rows.to(dev)
         out = run(flat_ids.to(dev), flat_pos.to(dev), allowed.to(dev), keys.to(dev), rows)[0]
         out = torch.cat([out, out.new_zeros(1, *out.shape[1:])])
         return out.index_select(0, rows.grid.reshape(-1)).view(batch, n, *out.shape[1:]), width

@@ -38,6 +38,9 @@ class BatchTarget:
         # trees of different sizes packed into one row (engine/packed_rows.py) where the float64
         # attention and its cache layers read the packing
         self.packs = uses_float64_attention(adapter.model)
+        # a packed forward's attention in two calls where that attends fewer query slots
+        # (engine/packed_rows.py, `split_width`)
+        self.splits = True
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -93,7 +96,7 @@ class BatchTarget:
             with nullcontext() if packed is None else packing(packed):
                 return adapter.decoder_forward(ids, pos, mask, rows.cache)
 
-        hidden, width = rows.feed(run, feeds, pack=self.packs)
+        hidden, width = rows.feed(run, feeds, pack=self.packs, split=self.splits)
         logits, states = {}, {}
         for b, key in enumerate(rows.keys):
             n = trees[key].num_nodes

@@ -25,6 +25,8 @@ or none (plain causal: query i sees every key up to its own position).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -50,9 +52,14 @@ def float64_attention(
 
     PyTorch's fused attention kernel in float64 (`attend_float64`; `group_queries` as there).
     In a packed batched forward (engine/packed_rows.py) the queries `[1, H, S, D]` are laid out
-    over the batch `[B, H, N, D]` first, and the output is packed back to `[1, S, H, D]`.
+    over the batch `[B, H, N, D]` first, and the output is packed back to `[1, S, H, D]`; where
+    the packing splits the attention, in two calls (`_split_attention`).
     """
     rows = packed(query.shape[2]) if query.shape[0] == 1 and key.shape[0] > 1 else None
+    if rows is not None and rows.split is not None:
+        return _split_attention(
+            module, query, key, value, attention_mask, scaling, rows.split, group_queries
+        )
     if rows is not None:
         out, _ = float64_attention(
             module, to_grid(query, rows.grid), key, value, attention_mask, scaling, dropout, group_queries
@@ -74,6 +81,40 @@ def float64_attention(
             <= torch.arange(length - q_len, length, device=query.device)[:, None]
         )
     return attend_float64(query, key, value, mask, scaling, group_queries), None
+
+
+def _one_request(states: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+    """Request `request`'s rows of `[B, ...]` states, a view (a TorchScript function: the request
+    stays a value of a traced forward, engine/traced.py)."""
+    b = int(request[0])
+    return states[b : b + 1]
+
+
+with warnings.catch_warnings():  # PyTorch's deprecation of TorchScript
+    warnings.simplefilter("ignore")
+    _one_request = torch.jit.script(_one_request)
+
+
+def _split_attention(module, query, key, value, attention_mask, scaling, split, group_queries):
+    """A packed forward's attention in two calls (engine/packed_rows.py, `AttentionSplit`): every
+    request's first M query slots over the whole batch, then the long tree's slots past M over its
+    request's cache alone; the outputs packed back to `[1, S, H, D]`. Each query row attends over
+    the same keys, values and mask row as in the grid (its float64 values the same up to
+    summation order: module doc)."""
+    m = split.head.shape[1]
+    mask = attention_mask
+    head, _ = float64_attention(
+        module, to_grid(query, split.head), key, value,
+        None if mask is None else mask[:, :, :m], scaling, 0.0, group_queries,
+    )
+    tail, _ = float64_attention(
+        module, to_grid(query, split.tail),
+        _one_request(key, split.request), _one_request(value, split.request),
+        None if mask is None else _one_request(mask, split.request)[:, :, m:],
+        scaling, 0.0, group_queries,
+    )
+    flat = torch.cat([head.flatten(0, 1), tail.flatten(0, 1)])
+    return flat.index_select(0, split.index).unsqueeze(0), None
 
 
 def attend_float64(

@@ -28,8 +28,9 @@ A forward's sizes (rows, batch, cache length) are read from its tensors in the r
 decisions that depend on them are recorded as taken when traced: the float64 attention decides
 between one query row and several, so a trace is kept per `TraceKey` (batch of one or more, one
 row or more, mask or none, a batch packed into one row or not, `engine/packed_rows.py`, where
-its tokens sit being an input; rows enough for oneDNN's int8 kernel or not) and made on the
-first forward of its kind (about a second for the embedded target). Traces live in memory with the adapter that made them, for the process.
+its tokens sit being an input, and its attention split in two calls or not; rows enough for
+oneDNN's int8 kernel or not) and made on the first forward of its kind (about a second for the
+embedded target). Traces live in memory with the adapter that made them, for the process.
 
 `torch.jit.trace` is deprecated by PyTorch in favour of `torch.compile` and `torch.export`, which
 do not give this path bit-identical results here (docs/evaluation.md (h)); every forward the
@@ -87,16 +88,17 @@ class _TracedLayer(DynamicLayer):
 
 
 class _Traceable(nn.Module):
-    """The decoder as a function of tensors only: (ids, positions, [mask,] [packed grid, packed
-    index,] start, buffers...) -> last hidden states `[B, N, H]` (`[1, S, H]` packed)."""
+    """The decoder as a function of tensors only: (ids, positions, [mask,] [the packing's
+    `packs` tensors,] start, buffers...) -> last hidden states `[B, N, H]` (`[1, S, H]` packed)."""
 
-    def __init__(self, decoder: nn.Module, masked: bool, packs: bool) -> None:
+    def __init__(self, decoder: nn.Module, masked: bool, packs: int) -> None:
         super().__init__()
         self.decoder, self.masked, self.packs = decoder, masked, packs
 
     def forward(self, input_ids, position_ids, *rest):
         mask, rest = (rest[0], rest[1:]) if self.masked else (None, rest)
-        pack, rest = (PackedRows(rest[0], rest[1]), rest[2:]) if self.packs else (None, rest)
+        pack = PackedRows.of_tensors(rest[: self.packs]) if self.packs else None
+        rest = rest[self.packs :]
         start, buffers = rest[0], rest[1:]
         cache = DynamicCache(config=self.decoder.config)
         cache.layers = [
@@ -121,8 +123,9 @@ class TraceKey:
     (engine/packed_rows.py; where they sit is an input of the replay; several sequences and several
     rows then count the batch's layout, not the packed row), whether the forward has
     rows enough for oneDNN's int8 kernel (`int8.onednn_rows`; which kernel each product runs is
-    then decided in the replay), and the cache buffers' dtype (the attention's conversion of
-    float32 buffers is recorded; float64 ones need none)."""
+    then decided in the replay), the cache buffers' dtype (the attention's conversion of
+    float32 buffers is recorded; float64 ones need none), and whether a packed forward's
+    attention is split in two calls (`packed_rows.AttentionSplit`; where it splits is an input)."""
 
     batched: bool
     rows: bool
@@ -130,6 +133,7 @@ class TraceKey:
     packs: bool = False
     many: bool = False
     storage: torch.dtype = torch.float64  # the cache buffers' dtype (engine/kv_cache.py)
+    split: bool = False  # a packed forward's attention in two calls (`AttentionSplit`)
 
     @classmethod
     def of(
@@ -142,7 +146,8 @@ class TraceKey:
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
         many = onednn_rows(input_ids.numel())
         batch, rows = input_ids.shape if pack is None else pack.grid.shape
-        return cls(batch > 1, rows > 1, kind, pack is not None, many, storage)
+        split = pack is not None and pack.split is not None
+        return cls(batch > 1, rows > 1, kind, pack is not None, many, storage, split)
 
 
 class TracedDecoder:
@@ -187,18 +192,19 @@ class TracedDecoder:
             layer.reserve(end)
             buffers += layer.buffers
         args = (input_ids, position_ids) + (() if mask is None else (mask,))
-        args += () if pack is None else (pack.grid, pack.index)
+        packing_args = () if pack is None else pack.tensors()
+        args += packing_args
         args += (torch.tensor(start),) + tuple(buffers)
         key = TraceKey.of(input_ids, mask, pack, buffers[0].dtype)
         trace = self.traces.get(key)
         if trace is None:
-            trace = self.traces[key] = self._trace(args, mask is not None, pack is not None)
+            trace = self.traces[key] = self._trace(args, mask is not None, len(packing_args))
         hidden = replay(trace, args)
         for layer in layers:
             layer.extend_to(end)
         return hidden
 
-    def _trace(self, args: tuple, masked: bool, packs: bool) -> torch.jit.ScriptModule:
+    def _trace(self, args: tuple, masked: bool, packs: int) -> torch.jit.ScriptModule:
         """Record one forward (its writes land in the cache, and are written again by the replay
         that follows with the same values)."""
         return frozen_trace(_Traceable(self.decoder, masked, packs), args)
