@@ -58,7 +58,7 @@ def float64_attention(
     rows = packed(query.shape[2]) if query.shape[0] == 1 and key.shape[0] > 1 else None
     if rows is not None and rows.split is not None:
         return _split_attention(
-            module, query, key, value, attention_mask, scaling, rows.split, group_queries
+            module, query, key, value, attention_mask, scaling, rows, group_queries
         )
     if rows is not None:
         out, _ = float64_attention(
@@ -95,20 +95,20 @@ with warnings.catch_warnings():  # PyTorch's deprecation of TorchScript
     _one_request = torch.jit.script(_one_request)
 
 
-def _split_attention(module, query, key, value, attention_mask, scaling, split, group_queries):
+def _split_attention(module, query, key, value, attention_mask, scaling, rows, group_queries):
     """A packed forward's attention in two calls (engine/packed_rows.py, `AttentionSplit`): every
     request's first M query slots over the whole batch, then the long tree's slots past M over its
     request's cache alone; the outputs packed back to `[1, S, H, D]`. Each query row attends over
     the same keys, values and mask row as in the grid (its float64 values the same up to
     summation order: module doc)."""
+    split, mask = rows.split, attention_mask
     m = split.head.shape[1]
-    mask = attention_mask
     head, _ = float64_attention(
         module, to_grid(query, split.head), key, value,
         None if mask is None else mask[:, :, :m], scaling, 0.0, group_queries,
     )
     tail, _ = float64_attention(
-        module, to_grid(query, split.tail),
+        module, to_grid(query, _one_request(rows.grid, split.request)[:, m:]),
         _one_request(key, split.request), _one_request(value, split.request),
         None if mask is None else _one_request(mask, split.request)[:, :, m:],
         scaling, 0.0, group_queries,

@@ -54,7 +54,7 @@ def split_width(sizes: list[int]) -> int | None:
     grid `[B, N]`; None where one call over the grid is as good."""
     if len(sizes) < 2:
         return None
-    width, m = sorted(sizes)[-1], sorted(sizes)[-2]
+    m, width = sorted(sizes)[-2:]
     if m == 0 or (len(sizes) - 1) * (width - m) < SPLIT_CALL_SLOTS:
         return None
     return m
@@ -64,18 +64,17 @@ def split_width(sizes: list[int]) -> int | None:
 class AttentionSplit:
     """A packed forward's queries attended in two calls (module doc).
 
-    `head [B, M]`: the packed token at each request's first M slots (S at a padded slot);
-    `tail [1, N - M]`: the packed tokens past M of the one request with more, `request` (a
-    one-element tensor); `index [S]`: each packed token's row in the two calls' outputs flattened
-    and concatenated, the head's `[B x M]` first."""
+    `head [B, M]`: the packed token at each request's first M slots (S at a padded slot), the
+    grid's first M columns; `request`: the one request with more (a one-element tensor), whose
+    slots past M are the second call's; `index [S]`: each packed token's row in the two calls'
+    outputs flattened and concatenated, the head's `[B x M]` first."""
 
     head: torch.Tensor
-    tail: torch.Tensor
     request: torch.Tensor
     index: torch.Tensor
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.head, self.tail, self.request, self.index)
+        return (self.head, self.request, self.index)
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ class PackedRows:
     @classmethod
     def of_tensors(cls, tensors: tuple[torch.Tensor, ...]) -> "PackedRows":
         """The inverse of `tensors`."""
-        split = AttentionSplit(*tensors[2:6]) if len(tensors) > 2 else None
+        split = AttentionSplit(*tensors[2:5]) if len(tensors) > 2 else None
         return cls(tensors[0], tensors[1], split)
 
     @property
@@ -142,8 +141,7 @@ def _split(grid: torch.Tensor, sizes: list[int], m: int) -> AttentionSplit:
         if b == long:
             index[start : start + size - m] = torch.arange(batch * m, batch * m + size - m)
             start += size - m
-    head, tail = grid[:, :m].contiguous(), grid[long : long + 1, m:].contiguous()
-    return AttentionSplit(head, tail, torch.tensor([long]), index)
+    return AttentionSplit(grid[:, :m].contiguous(), torch.tensor([long]), index)
 
 
 _PACKED: ContextVar[PackedRows | None] = ContextVar("arborspec_packed_rows", default=None)
