@@ -18,7 +18,6 @@ from arborspec.bench.concurrency import (
     SEQUENTIAL,
     CellKey,
     ConcurrencyConfig,
-    clients_of,
     closed_loop,
     expand_batch_methods,
     parse_arrivals,
@@ -45,17 +44,18 @@ PROMPTS = ["Hello there, tiny model.", "Count: 1 2 3 4", "abcabcabcabc", "Why is
 
 # ---------------------------------------------------------------------------------------------- the schedule
 class FakeDecoder:
-    """Each request ends after `steps` steps; records when each prompt was submitted and in which step."""
+    """Each request ends after `steps` steps (`lengths`: prompt -> its own count); records when each prompt
+    was submitted and in which step."""
 
-    def __init__(self, steps: int, step_s: float = 0.0) -> None:
-        self.steps, self.step_s = steps, step_s
+    def __init__(self, steps: int, step_s: float = 0.0, lengths: dict | None = None) -> None:
+        self.steps, self.step_s, self.lengths = steps, step_s, lengths or {}
         self.active: dict = {}
         self.submitted: list[tuple[int, int, float]] = []  # (prompt, step number, time)
         self.count = 0
 
     def submit(self, index: int):
         handle = object()
-        self.active[handle] = self.steps
+        self.active[handle] = self.lengths.get(index, self.steps)
         self.submitted.append((index, self.count, time.perf_counter()))
         return handle
 
@@ -74,22 +74,30 @@ class FakeDecoder:
         return ended
 
 
-def test_clients_send_their_prompts_in_order_each_after_the_previous_ends():
-    assert clients_of(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
-    assert clients_of([0, 1], 4) == [[0], [1]]
+def test_clients_send_the_next_prompt_of_one_queue_as_soon_as_their_previous_one_ends():
     dec = FakeDecoder(steps=3)
-    handles, wall = closed_loop(dec, clients_of(list(range(5)), 2), [0.0, 0.0], dec.submit)
+    handles, wall = closed_loop(dec, list(range(5)), [0.0, 0.0], dec.submit)
     assert sorted(handles) == list(range(5)) and wall > 0
-    # burst: both first requests before the first step; each next one right after its predecessor ended
+    # burst: both first requests before the first step; each next one right after a request ended
     assert [(i, n) for i, n, _ in dec.submitted] == [(0, 0), (1, 0), (2, 3), (3, 3), (4, 6)]
     assert dec.count == 9
+    # requests of different lengths: the client whose requests are short sends the queue's next ones
+    # (prompts dealt in advance would have sent 2 after 0, at step 6, and the run would last 8 steps)
+    dec = FakeDecoder(steps=2, lengths={0: 6})
+    closed_loop(dec, [0, 1, 2, 3], [0.0, 0.0], dec.submit)
+    assert [(i, n) for i, n, _ in dec.submitted] == [(0, 0), (1, 0), (2, 2), (3, 4)]
+    assert dec.count == 6
+    # more clients than prompts: every prompt at once
+    dec = FakeDecoder(steps=2)
+    closed_loop(dec, [7, 8], [0.0, 0.0, 0.0], dec.submit)
+    assert [(i, n) for i, n, _ in dec.submitted] == [(7, 0), (8, 0)] and dec.count == 2
 
 
 def test_staggered_clients_start_one_plain_step_apart():
     dec = FakeDecoder(steps=40, step_s=0.002)
     unit = 0.01
     t0 = time.perf_counter()
-    closed_loop(dec, clients_of(list(range(3)), 3), [0.0, unit, 2 * unit], dec.submit)
+    closed_loop(dec, list(range(3)), [0.0, unit, 2 * unit], dec.submit)
     firsts = {i: (n, t - t0) for i, n, t in dec.submitted}
     assert firsts[0][0] == 0 and firsts[1][1] >= unit and firsts[2][1] >= 2 * unit  # never before its start
     # ... and joined between steps while the first request was still in flight (not once the batch went idle)

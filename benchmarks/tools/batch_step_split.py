@@ -5,8 +5,8 @@
         --out benchmarks/results/batch-step-split.json
 
 The embedded pair in int8; `--concurrency` clients in a closed loop over the stratified MT-Bench
-selection (first turns, burst arrival: every client sends its next prompt as soon as its previous
-one ends, as `arborspec bench-batch` runs them), T = 0, `--max-new-tokens` each. For plain batched
+selection (first turns, burst arrival, one queue: every client sends the next prompt as soon as its
+previous one ends, as `arborspec bench-batch` runs them), T = 0, `--max-new-tokens` each. For plain batched
 decoding and each `-m` method (the `bench-batch` method syntax, `shared:` included), every step of
 `BatchDecoder.step` is split by wrapping the decoder's own phases:
 
@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import torch
 
-from arborspec.bench.concurrency import clients_of, closed_loop, expand_batch_methods
+from arborspec.bench.concurrency import closed_loop, expand_batch_methods
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.common.chat import encode_messages, eos_ids
 from arborspec.common.jsonfiles import write_json_atomic
@@ -147,8 +147,8 @@ def main() -> None:
         t0 = time.perf_counter()
         handles, _ = closed_loop(
             decoder,
-            clients_of(list(range(len(ids))), args.concurrency),
-            [0.0] * args.concurrency,
+            list(range(len(ids))),
+            [0.0] * min(args.concurrency, len(ids)),
             submit,
         )
         wall = time.perf_counter() - t0

@@ -9,9 +9,13 @@ once, every method against plain batched decoding, same process, same requests, 
 
 The workload. The first `num_prompts` prompts of the set (first turns; `mt-bench` is the stratified
 MT-Bench selection `arborspec bench` uses, bench/prompts.py) are served by `c` clients in a closed
-loop: client i sends prompts i, i + c, i + 2c, ... in that order, each as soon as its previous
-request has ended (the next request joins the batch at the decoder's next step). Request k is
-decoded with seed k, so every method gets the same requests. Arrivals:
+loop over one queue, as a load generator with a concurrency limit sends them: each client sends
+the next prompt nobody has sent yet (in order) as soon as its previous request has ended (the next
+request joins the batch at the decoder's next step). With prompts dealt to the clients in advance
+instead (client i sending i, i + c, ...), the run's end would depend on how the prompts happen to
+add up per client: a method whose requests vary more in duration (a speculative one: acceptance
+varies by prompt) would spend more of the run with a client's last requests decoding alone.
+Request k is decoded with seed k, so every method gets the same requests. Arrivals:
 
 * `burst`: every client sends its first request at time 0;
 * `staggered`: client i sends its first request at i x one plain step, where one plain step is the
@@ -287,11 +291,6 @@ class Served:
     stop_reason: str
 
 
-def clients_of(indices: list[int], concurrency: int) -> list[list[int]]:
-    """The prompts each client sends, in order: client i sends indices i, i + c, i + 2c, ..."""
-    return [indices[i::concurrency] for i in range(min(concurrency, len(indices)))]
-
-
 def start_offsets(clients: int, arrival: str, plain_step_s: float) -> list[float]:
     """Seconds after the start at which each client sends its first request."""
     return [0.0 if arrival == "burst" else i * plain_step_s for i in range(clients)]
@@ -299,40 +298,38 @@ def start_offsets(clients: int, arrival: str, plain_step_s: float) -> list[float
 
 def closed_loop(
     decoder: BatchDecoder,
-    clients: list[list[int]],
+    indices: list[int],
     offsets: list[float],
     submit,
     device=None,
 ) -> tuple[dict[int, RequestHandle], float]:
-    """Serve `clients` (each a list of prompt indices, sent one after another) on `decoder`: a
-    client's first request is submitted at its offset (seconds from the start), each next one as
-    soon as its previous one has ended. `submit(index)` submits prompt `index` and returns its
-    handle. Returns the handles by prompt index and the wall seconds from the start to the end of
-    the last request."""
-    queues = [list(c) for c in clients]
-    waiting = sorted(range(len(clients)), key=lambda i: offsets[i])
-    owner: dict[RequestHandle, int] = {}
+    """Serve the prompts `indices` on `decoder` with `len(offsets)` clients drawing from one queue
+    (module doc): client i sends its first request at `offsets[i]` (seconds from the start), and
+    whenever one of its requests ends it sends the next prompt nobody has sent yet, in the order of
+    `indices`. `submit(index)` submits prompt `index` and returns its handle. Returns the handles by
+    prompt index and the wall seconds from the start to the end of the last request."""
+    pending = list(indices)
+    waiting = sorted(offsets)
     handles: dict[int, RequestHandle] = {}
 
-    def send(client: int) -> None:
-        if queues[client]:
-            index = queues[client].pop(0)
-            handle = submit(index)
-            handles[index] = handle
-            owner[handle] = client
+    def send() -> None:
+        if pending:
+            index = pending.pop(0)
+            handles[index] = submit(index)
 
     t0 = clock(device)
     while True:
         now = clock() - t0
-        while waiting and offsets[waiting[0]] <= now:
-            send(waiting.pop(0))
+        while waiting and waiting[0] <= now:
+            waiting.pop(0)
+            send()
         if decoder.idle:
-            if not waiting:
+            if not (waiting and pending):
                 break
-            time.sleep(max(0.0, offsets[waiting[0]] - (clock() - t0)))
+            time.sleep(max(0.0, waiting[0] - (clock() - t0)))
             continue
-        for handle in decoder.step():
-            send(owner[handle])
+        for _ in decoder.step():
+            send()
     return handles, clock(device) - t0
 
 
@@ -398,9 +395,9 @@ class _BatchRunner:
             cfg = self.decode_config(temperature, index, max_new_tokens)
             return decoder.submit(BatchRequest(list(ids[index]), cfg, builder, lookup=lookup))
 
-        clients = clients_of(indices, concurrency)
-        offsets = start_offsets(len(clients), arrival, self.plain_step_s or 0.0)
-        handles, wall = closed_loop(decoder, clients, offsets, submit, self.device)
+        clients = min(concurrency, len(indices))
+        offsets = start_offsets(clients, arrival, self.plain_step_s or 0.0)
+        handles, wall = closed_loop(decoder, indices, offsets, submit, self.device)
         served = []
         for index in indices:
             h = handles[index]
@@ -1063,8 +1060,8 @@ def write_concurrency_report(results_path: str | Path, out_dir: str | Path) -> P
         "",
         *_describe(header, results_path),
         "",
-        "Clients in a closed loop: client i of c sends prompts i, i + c, i + 2c, ..., each as soon "
-        "as its previous request ends. *burst*: every client starts at once; *staggered*: client i "
+        "c clients in a closed loop over one queue: each sends the next prompt not yet sent (in "
+        "order) as soon as its previous request ends. *burst*: every client starts at once; *staggered*: client i "
         "starts i plain steps later (one plain step = the median step of plain batched decoding of "
         "one request"
         + (f": {', '.join(f'{1000 * s:.1f}' for s in steps)} ms" if steps else "")

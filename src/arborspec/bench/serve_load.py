@@ -11,7 +11,8 @@ existing server. Loopback only by default: server and clients share the machine'
 
 The workload: the first `num_prompts` prompts of the set (first turns; `mt-bench` is the stratified
 MT-Bench selection `arborspec bench` uses) are sent by `c` clients in a closed loop with the async
-`openai` client: client i sends prompts i, i + c, i + 2c, ... one after another, each streamed
+`openai` client over one queue: each client sends the next prompt nobody has sent yet as soon as
+its previous request has ended (as a load generator with a concurrency limit does), each streamed
 (`stream_options.include_usage`) with `max_tokens` and the temperature given, seed = the prompt's
 index. For each (repeat, concurrency) every mode runs on the same requests, in an order rotated by
 one from cell to cell, so drift hits both alike. Every request is bounded by `request_timeout_s`;
@@ -47,7 +48,7 @@ from ..common.jsonfiles import write_json_atomic
 from ..common.ports import free_port
 from ..common.provenance import machine_info, utc_timestamp, versions
 from ..errors import ArborError, Interrupted
-from .concurrency import clients_of, percentile, rotated
+from .concurrency import percentile, rotated
 from .prompts import conversation, load_prompts
 from .report import SCHEMA_VERSION
 from .run import ResultsFile, open_results
@@ -231,14 +232,12 @@ async def _cell(
     ) as client:
         t0 = time.perf_counter()
 
-        async def one_client(indices: list[int]) -> list[Answer]:
-            return [
-                await _ask(client, model, chats[i], i, cfg, mode, t0, max_tokens) for i in indices
-            ]
+        queue = iter(range(len(chats)))  # one queue for every client (module doc)
 
-        per_client = await asyncio.gather(
-            *(one_client(ix) for ix in clients_of(list(range(len(chats))), concurrency))
-        )
+        async def one_client() -> list[Answer]:
+            return [await _ask(client, model, chats[i], i, cfg, mode, t0, max_tokens) for i in queue]
+
+        per_client = await asyncio.gather(*(one_client() for _ in range(min(concurrency, len(chats)))))
         wall = time.perf_counter() - t0
     return sorted((a for answers in per_client for a in answers), key=lambda a: a.index), wall
 
