@@ -166,11 +166,15 @@ fi
 run 13 && say 13 "concurrency, batched decoding" && bench_batch batch-mtbench-int8 --threads 2 --dtype int8 \
   --prompts mt-bench --num-prompts 16 --max-new-tokens 128 --temperatures 0 --concurrency 1,2,4,8,16 \
   --arrival burst,staggered --sequential -m dyspec:budget=1,2,3:lookup=6 -m shared:max_nodes=8:lookup=6
-#     ... and the gate's cells, 1 and 4 clients, again with three repeats pooled (single cells of the sweep
+#     ... and 1 and 4 clients again, with three repeats pooled (single cells of the sweep
 #     above vary by up to 25 % from run to run on this machine)
 run 13 && bench_batch batch-mtbench-int8-c4 --threads 2 --dtype int8 --prompts mt-bench --num-prompts 16 \
   --max-new-tokens 128 --temperatures 0 --concurrency 1,4 --arrival burst,staggered --sequential --repeats 3 \
   -m dyspec:budget=1,3:lookup=6 -m shared:max_nodes=8:lookup=6
+#     ... and 8 clients, three repeats pooled: the shared budget against every fixed budget of the sweep
+run 13 && bench_batch batch-mtbench-int8-c8 --threads 2 --dtype int8 --prompts mt-bench --num-prompts 16 \
+  --max-new-tokens 128 --temperatures 0 --concurrency 8 --arrival burst,staggered --repeats 3 \
+  -m dyspec:budget=1,2,3:lookup=6 -m shared:max_nodes=8:lookup=6
 # 14. What the batch layout costs (holes, padded query rows, one forward vs one per request) and how
 #     often batched greedy decoding on the float32 target equals each request alone.
 if run 14; then
