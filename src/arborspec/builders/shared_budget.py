@@ -9,7 +9,8 @@ one whose draft is lost gets its root alone.
 
 How many nodes (`budget=None`, the default) comes from the measured cost curve at the batch's
 row count. Where the target packs a step's trees into one row (the int8 target,
-engine/packed_rows.py), a forward costs what its R real rows cost, so a step costs
+engine/packed_rows.py), a forward is priced by its R real rows (an approximation: uneven trees
+cost somewhat more than even ones of as many rows, docs/algorithms.md §10), so a step costs
 
     T = t(B, R / B) + forwards x (one draft forward) + the step's overhead
 
