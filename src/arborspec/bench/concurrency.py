@@ -1061,9 +1061,9 @@ def write_concurrency_report(results_path: str | Path, out_dir: str | Path) -> P
         *_describe(header, results_path),
         "",
         "c clients in a closed loop over one queue: each sends the next prompt not yet sent (in "
-        "order) as soon as its previous request ends. *burst*: every client starts at once; *staggered*: client i "
-        "starts i plain steps later (one plain step = the median step of plain batched decoding of "
-        "one request"
+        "order) as soon as its previous request ends. *burst*: every client starts at once; "
+        "*staggered*: client i starts i plain steps later (one plain step = the median step of "
+        "plain batched decoding of one request"
         + (f": {', '.join(f'{1000 * s:.1f}' for s in steps)} ms" if steps else "")
         + "; at concurrency 1 the burst schedule). tokens/s = new tokens of all requests / wall "
         "seconds from the first submission to the end of the last request; speedup = that over "

@@ -235,9 +235,12 @@ async def _cell(
         queue = iter(range(len(chats)))  # one queue for every client (module doc)
 
         async def one_client() -> list[Answer]:
-            return [await _ask(client, model, chats[i], i, cfg, mode, t0, max_tokens) for i in queue]
+            return [
+                await _ask(client, model, chats[i], i, cfg, mode, t0, max_tokens) for i in queue
+            ]
 
-        per_client = await asyncio.gather(*(one_client() for _ in range(min(concurrency, len(chats)))))
+        clients = min(concurrency, len(chats))
+        per_client = await asyncio.gather(*(one_client() for _ in range(clients)))
         wall = time.perf_counter() - t0
     return sorted((a for answers in per_client for a in answers), key=lambda a: a.index), wall
 
