@@ -2,7 +2,7 @@
 # Regenerate every figure that README.md and benchmarks/README.md quote, on the current code.
 #
 #   benchmarks/reproduce.sh quick          # ~10 min on 2 cores: a smaller version of the README table
-#   benchmarks/reproduce.sh full           # ~3.5 h on 2 cores: the README table and the evidence docs cite
+#   benchmarks/reproduce.sh full           # ~4 h on 2 cores: the README table and the evidence docs cite
 #   benchmarks/reproduce.sh full 3 4       # only steps 3 and 4 of a mode
 #
 # Run from the repository root after `make setup`, with no other heavy process running: every speedup is a
@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27 28} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -285,6 +285,11 @@ run 26 && say 26 "int8 kernels by rows" && $P benchmarks/tools/int8_kernel_probe
 #     states compared bit for bit; then plain batched decoding of 1, 2, 4 and 8 requests over each.
 run 27 && say 27 "KV cache storage" && $P benchmarks/tools/kv_storage_probes.py \
   --out "$RES/kv-storage-probes.json"
+# 28. What a draft of acceptance p would give batched decoding at 4 clients: an oracle draft (the
+#     reference token with probability p per position, drafting free) in chains of 1 and 3, beside
+#     the shared budget, DySpec 1 + lookup and a chain of 1 from the draft head, plain interleaved.
+run 28 && say 28 "oracle drafts" && $P benchmarks/tools/oracle_drafts.py \
+  --out "$RES/oracle-drafts.json"
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
