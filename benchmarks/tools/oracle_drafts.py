@@ -31,7 +31,6 @@ import argparse
 import json
 import random
 import statistics
-import time
 
 import torch
 
@@ -56,7 +55,6 @@ class OracleDrafter(Drafter):
 
     def __init__(self, references: dict[tuple, tuple[int, list[int]]], p: float, vocab: int):
         self.references, self.p, self.vocab_size = references, p, vocab
-        self.right: dict[tuple[int, int], bool] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -72,10 +70,8 @@ class OracleDrafter(Drafter):
         self._reset()
 
     def is_right(self, position: int) -> bool:
-        key = (self.index, position)
-        if key not in self.right:  # the same draw for every p: rng(index, position) < p
-            self.right[key] = random.Random(self.index * 1_000_003 + position).random() < self.p
-        return self.right[key]
+        # the same draw for every p and every run: rng(prompt, position) < p
+        return random.Random(self.index * 1_000_003 + position).random() < self.p
 
     def proposal(self, position: int, path_right: bool) -> torch.Tensor:
         logits = torch.full((self.vocab_size,), WRONG_LOGIT)
@@ -135,6 +131,7 @@ def main() -> None:
     ids = [encode_messages(pair.tokenizer, conversation(p, [])) for p in prompts]
     vocab = pair.target.model.config.vocab_size
     by_label = {m.label: m for m in methods}
+    oracle_points = {f"oracle-p{p}-d{d}": (p, d) for d in depths for p in accepts}
     references: dict[tuple, tuple[int, list[int]]] = {}
 
     def run(label: str) -> tuple[dict, list[list[int]]]:
@@ -143,31 +140,21 @@ def main() -> None:
         if method is not None:
             builder, drafter = method.make(), pair.drafter
             lookup, shared = method.lookup, method.shared()
-        elif label != "plain":
-            p, d = (float(x[1:]) for x in label.split("-")[1:])
-            builder = make_builder("chain", budget=int(d))
+        elif label in oracle_points:
+            p, d = oracle_points[label]
+            builder = make_builder("chain", budget=d)
             drafter = OracleDrafter(references, p, vocab)
         decoder = BatchDecoder(
             pair.target, drafter, max_rows=1024, max_requests=args.concurrency, shared=shared
         )
-        steps = [0]
-        inner = decoder.step
-
-        def counted():
-            steps[0] += 1
-            return inner()
-
-        decoder.step = counted
 
         def submit(index: int):
             cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, seed=index, eos_token_ids=eos)
             return decoder.submit(BatchRequest(list(ids[index]), cfg, builder, lookup=lookup))
 
-        t0 = time.perf_counter()
-        handles, _ = closed_loop(
+        handles, wall = closed_loop(
             decoder, list(range(len(ids))), [0.0] * min(args.concurrency, len(ids)), submit
         )
-        wall = time.perf_counter() - t0
         outputs = [list(handles[i].output) for i in range(len(ids))]
         tokens = sum(len(o) for o in outputs)
         request_steps = sum(len(handles[i].steps) for i in range(len(ids)))
@@ -175,17 +162,15 @@ def main() -> None:
             "label": label,
             "tokens_per_second": tokens / wall,
             "tokens_per_request_step": tokens / request_steps,
-            "steps": steps[0],
         }, outputs
 
     # warm-up and reference: plain's outputs are every request's greedy answer
     _, reference = run("plain")
     for i, out in enumerate(reference):
         references[tuple(ids[i])] = (i, out)
-    oracles = [f"oracle-p{p}-d{d}" for d in depths for p in accepts]
-    labels = oracles + [m.label for m in methods]
-    for label in [m.label for m in methods]:
-        run(label)  # warm-up: the head's traces, the shared budget's cost measurement
+    labels = list(oracle_points) + [m.label for m in methods]
+    for label in labels:
+        run(label)  # warm-up: every forward's trace, the shared budget's cost measurement
     per_label: dict[str, list[dict]] = {label: [] for label in labels}
     plains: list[float] = []
     identical = {label: True for label in labels}
@@ -232,7 +217,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "plain_tokens_per_second": [round(x, 2) for x in plains],
         "oracles": [
-            {"p": p, "depth": d, **summary(f"oracle-p{p}-d{d}")} for d in depths for p in accepts
+            {"p": p, "depth": d, **summary(label)} for label, (p, d) in oracle_points.items()
         ],
         "methods": [summary(m.label) for m in methods],
     }
