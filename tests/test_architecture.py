@@ -1,7 +1,7 @@
 """The layers of the package: imports only point downwards, and no import cycle.
 
 Layers, lowest first (ARCHITECTURE.md): `errors`; `common/`; `engine/`; `drafters/` and
-`builders/` (side by side: neither imports the other); `models` and `defaults` (side by side);
+`builders/` (side by side: neither imports the other); `catalog` (the built-in models and GGUF files); `models` and `defaults` (side by side);
 `offline/` and `bench/` (side by side: neither imports the other); `api`; `custom_generate` and
 `serve/` (side by side); `cli` and the package's `__init__`. Every import counts, including those inside functions and under
 `TYPE_CHECKING`.
@@ -21,6 +21,7 @@ LAYERS = {
     "common": 1,
     "engine": 2,
     "drafters": 3, "builders": 3,
+    "catalog": 3.5,  # the built-in models and GGUF files, below what loads them
     "models": 4, "defaults": 4,
     "offline": 5, "bench": 5,
     "api": 6,

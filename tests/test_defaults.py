@@ -138,10 +138,11 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
 
 
 def test_the_generator_on_a_given_pair_takes_its_precision_and_stays_exact(tiny):
-    gen = SpeculativeGenerator(pair=_pair(tiny))
-    assert gen.settings == Defaults("dyspec", 3, 6, "float32", "cpu", ALL[:3])
-    assert gen.describe() == ("dyspec, 3 draft nodes + lookup 6 | target tiny-target (float32, "
-                              f"cpu) | draft tiny-draft | {BASELINE} float32 target")
+    gen = SpeculativeGenerator(pair=_pair(tiny))  # a draft model: trees sized from both models' costs
+    assert gen.settings == Defaults("dyspec", "auto", 6, "float32", "cpu", ALL[:3])
+    assert gen.describe() == ("dyspec, auto-sized trees of at most 32 draft nodes + lookup 6 | target "
+                              f"tiny-target (float32, cpu) | draft tiny-draft (float32) | {BASELINE} "
+                              "float32 target")
     prompt = [1, 17, 42, 8, 23]
     out = gen.generate(prompt, max_new_tokens=24)
     cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=(2,))
@@ -167,15 +168,19 @@ def test_generate_names_method_size_precision_draft_and_baseline_first(tiny_dirs
     result = CliRunner().invoke(app, ["generate", "Hello there", *pair, "-n", "8", "--compare-ar"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (
-        f"dyspec, 3 draft nodes + lookup 6 | target {target} (float32, cpu) | draft {draft} | "
-        f"{BASELINE} float32 target")
+        f"dyspec, auto-sized trees of at most 32 draft nodes + lookup 6 | target {target} (float32, cpu) "
+        f"| draft {draft} (int8) | {BASELINE} float32 target")
     assert "identical tokens" in result.stderr
     result = CliRunner().invoke(app, ["generate", "Hello there", *pair, "-n", "4", "-m", "chain",
                                       "--budget", "2", "--lookup", "0", "--dtype", "bfloat16"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (
-        f"chain, 2 draft nodes | target {target} (bfloat16, cpu) | draft {draft} | "
+        f"chain, 2 draft nodes | target {target} (bfloat16, cpu) | draft {draft} (int8) | "
         f"{BASELINE} bfloat16 target")
+    result = CliRunner().invoke(app, ["generate", "Hello there", *pair, "-n", "4", "--draft-dtype", "float",
+                                      "--dtype", "bfloat16", "--budget", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"| draft {draft} (bfloat16) |" in result.stderr.splitlines()[0]
 
 
 def test_bench_without_a_method_runs_the_device_defaults(tiny_dirs, tmp_path):
@@ -188,7 +193,7 @@ def test_bench_without_a_method_runs_the_device_defaults(tiny_dirs, tmp_path):
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     header = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[0])
-    assert header["config"]["methods"] == ["dyspec:budget=3:lookup=6"]
+    assert header["config"]["methods"] == ["dyspec:budget=auto:lookup=6"]  # a draft model
     assert header["config"]["dtype"] == "float32"
 
 
@@ -202,3 +207,6 @@ def test_the_cpu_budget_follows_the_precision_the_target_runs_in(embedded, dtype
     d = choose("cpu", embedded, dtype=dtype)
     assert d.budget == budget and "budget" in d.chosen
     assert choose("cpu", embedded, dtype=dtype, budget=5).budget == 5
+    # a draft model: the tree sized each step from both models' measured costs, whatever the precision
+    assert choose("cpu", embedded, dtype=dtype, draft_model=True).budget == "auto"
+    assert choose("cuda", embedded, draft_model=True).budget == 16

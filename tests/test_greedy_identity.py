@@ -3,7 +3,8 @@
 as soon as it is registered) crossed with every drafter, target precision, context lookup and budget mode.
 
 Axes (BASE: the first value of each):
-* drafter: a perturbed copy of the target (`model`), the n-gram drafter, the draft head trained on the
+* drafter: a perturbed copy of the target (`model`), the same copy in int8 with int8 draft logits
+  (`model-int8`, what a draft model runs as on a CPU), the n-gram drafter, the draft head trained on the
   target (`head`), the head with int8 draft logits (`head-int8-logits`), the head with its layer and
   logits in int8 (`head-int8`, what CPU pairs run);
 * precision of the target: float32, float16, bfloat16 (a real check that a tree's verdict does not
@@ -35,7 +36,7 @@ from conftest import assert_greedy_identical, perturbed_copy, tiny_llama
 
 BUILDERS = builder_names()
 AUTO_BUILDERS = [name for name in BUILDERS if "auto" in parameter_names(builder_class(name))]
-DRAFTERS = ("model", "ngram", "head", "head-int8-logits", "head-int8")
+DRAFTERS = ("model", "model-int8", "ngram", "head", "head-int8-logits", "head-int8")
 PRECISIONS = ("float32", "float16", "bfloat16", "int8")
 LOOKUP = 5
 LOOKUPS = (0, LOOKUP)
@@ -49,8 +50,9 @@ EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}, "c2t-chain": {"classifier"
 # a CPU-like curve (the first extra row is the expensive one) and a steep one (big trees never pay)
 FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.6, 1.7, 1.8, 1.9, 2.5, 3.5), 0.05, 0.05)
 STEEP = CostCurve((1, 2, 4, 8), (1.0, 1.5, 2.5, 4.5), 0.05, 0.0)
-# What a CPU generation runs by default (defaults.py): the int8 target, its int8 draft head, lookup.
-CPU_DEFAULT = ("head-int8", "int8", LOOKUP)
+# What a CPU generation runs by default (defaults.py): the int8 target, its int8 draft head or int8 draft
+# model, lookup.
+CPU_DEFAULTS = (("head-int8", "int8", LOOKUP), ("model-int8", "int8", LOOKUP))
 
 
 def cases() -> list:
@@ -66,7 +68,7 @@ def cases() -> list:
                             continue
                         axes = (drafter, precision, lookup, budget)
                         away = sum(a != b for a, b in zip(axes, BASE))
-                        default = axes[:3] == CPU_DEFAULT
+                        default = axes[:3] in CPU_DEFAULTS
                         if away > 2 and not default:
                             continue
                         fast = away <= 1 or (default and budget == "fixed")
@@ -93,6 +95,14 @@ def draft_model_for(precision: str):
     return draft if precision in ("float32", "int8") else draft.to(getattr(torch, precision))
 
 
+@functools.lru_cache(maxsize=None)
+def int8_draft_model():
+    """The perturbed copy in int8 (engine/int8.py), calibrated on its own random tokens."""
+    gen = torch.Generator().manual_seed(1)
+    draft = perturbed_copy(tiny_llama(0), 1, 0.3)
+    return quantize_int8(draft, [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
+
+
 @pytest.fixture(scope="module")
 def drafter_for(trained_head, tmp_path_factory):
     """`make(kind, precision, target)`: a fresh drafter of `kind` for the target in `precision`."""
@@ -101,6 +111,10 @@ def drafter_for(trained_head, tmp_path_factory):
     def make(kind: str, precision: str, target):
         if kind == "model":
             return ModelDrafter(draft_model_for(precision))
+        if kind == "model-int8":
+            drafter = ModelDrafter(int8_draft_model(), int8_logits=True)
+            assert drafter.int8_logits
+            return drafter
         if kind == "ngram":
             return NgramDrafter(target.config.vocab_size)
         if (kind, precision) not in heads:
@@ -133,7 +147,7 @@ def test_greedy_output_is_plain_decoding_and_hf_generate(drafter_for, name, draf
             assert all(s.tree_size <= builder.budget + lookup for r in results for s in r.steps)
     steps = [s for r in results for s in r.steps]
     assert any(s.tree_size > 0 for s in steps)  # trees were verified, not only plain steps
-    if drafter == "model" and budget == "fixed":  # a draft that often agrees: its tokens were accepted
+    if drafter.startswith("model") and budget == "fixed":  # a draft that often agrees: its tokens were accepted
         assert max(s.accepted_length for s in steps) > 1
     if lookup:
         assert sum(s.lookup_nodes for s in steps) > 0  # a prompt repeats itself: lookup proposed something

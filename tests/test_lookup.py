@@ -14,7 +14,8 @@ from arborspec.builders.registry import make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.lookup import ContextLookup, graft
+from arborspec.engine.cost import CostCurve
+from arborspec.engine.lookup import ContextLookup, LookupPrice, graft
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
@@ -165,3 +166,46 @@ def test_report_section_counts_grafted_tokens():
             {"method": "dyspec", "temperature": 0.0, "new_tokens": 5, "steps": {"lookup_nodes": [0, 0]}}]
     assert "| `dyspec:lookup=4` | 0 | 1.67 | 1.00 | 30.0% |" in lookup_lines(runs)
     assert lookup_lines(runs[1:]) == []
+
+
+# t(n)/t(1): a second row costs 0.3 of a forward, each further row 0.1 up to 8 rows
+PRICED = CostCurve((1, 2, 8), (1.0, 1.3, 1.9), 1.0, 0.0)
+
+
+def test_the_lookup_price_grafts_the_prefix_that_pays_exactly():
+    price = LookupPrice()
+    assert price.rate == 0.5  # the prior: 1 of 2
+    chain = [5, 6, 7, 8]
+    # root alone (E = 1): k tokens give (1 + 0.5 + ... + 0.5^k) / t(k + 1):
+    # k = 0: 1.0; 1: 1.5 / 1.3 = 1.154; 2: 1.75 / 1.4 = 1.25; 3: 1.875 / 1.5 = 1.25 (not above); 4: 1.9375 / 1.6
+    assert price.prefix(chain, 1.0, 0, 0, PRICED) == [5, 6]
+    for _ in range(20):  # chains rejected at their first token: the rate falls towards 0
+        price.update(4, 0)
+    assert price.rate == pytest.approx(1 / 22)
+    assert price.prefix(chain, 1.0, 0, 0, PRICED) == []  # copying no longer pays: a plain step
+    sure = LookupPrice()
+    for _ in range(50):
+        sure.update(4, 4)  # every grafted token accepted: examined 4 of 4 each time
+    assert sure.rate == pytest.approx(201 / 202)
+    assert sure.prefix(chain, 1.0, 0, 0, PRICED) == chain
+    sure.update(0, 0)  # nothing grafted: nothing learnt
+    assert sure.rate == pytest.approx(201 / 202)
+
+
+def test_auto_trees_at_t0_stop_grafting_what_is_never_accepted(tiny_pair):
+    """budget=auto at T = 0 with a draft that agrees with nothing: on the target's own looping text the priced
+    chains are grafted and accepted; the output stays plain decoding's either way; only auto prices them."""
+    from conftest import tiny_llama
+
+    target, _ = tiny_pair
+    cfg = DecodeConfig(max_new_tokens=48)
+    plain = autoregressive_generate(ModelAdapter(target), LOOPING, cfg)
+    prompt = LOOPING + plain.output_ids[:24]
+    expected = autoregressive_generate(ModelAdapter(target), prompt, cfg).output_ids
+    for budget in ("auto", 1):
+        dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(tiny_llama(9)),
+                                 make_builder("dyspec", budget=budget), lookup=6, cost=PRICED)
+        out = dec.generate(prompt, cfg)
+        assert out.output_ids == expected
+        assert sum(s.lookup_accepted for s in out.steps) > 0
+        assert (dec.lookup_price is not None) == (budget == "auto")

@@ -22,8 +22,10 @@ from typing import Any
 
 from .builders import make_builder
 from .builders.shared_budget import SharedBudget
+from .catalog import int8_by_default
 from .common.chat import encode_prompt, eos_ids
 from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
+from .drafters import ModelDrafter
 from .engine.batch_decode import BatchDecoder, BatchInterrupted, BatchRequest
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
 from .engine.sampling import sampling_config
@@ -36,8 +38,10 @@ from .models import (
     check_pair,
     check_same_vocabulary,
     default_draft,
+    is_draft_model,
     load_pair,
     pair_from_models,
+    planned_draft_precision,
 )
 
 # Re-exported: the names API users have imported from here.
@@ -100,7 +104,7 @@ class SpeculativeGenerator:
         `announce`: called with `describe()`'s line once the settings are chosen, before any model
         loads (bad input fails before it)."""
         where = str(pair.target.device) if pair is not None else device
-        embedded = (pair.target_name if pair is not None else target) == EMBEDDED_TARGET
+        embedded = int8_by_default(pair.target_name if pair is not None else target)
         placement = (None, None) if pair is not None else (device_map, max_memory)
         self.settings: Defaults = choose(
             where,
@@ -111,6 +115,11 @@ class SpeculativeGenerator:
             lookup=lookup,
             dtype=pair.precision if pair is not None else dtype,
             builder_params=bool(method_params),
+            draft_model=(
+                isinstance(pair.drafter, ModelDrafter)
+                if pair is not None
+                else is_draft_model(draft or default_draft(target))
+            ),
         )
         self.builder = make_builder(
             self.settings.method, budget=self.settings.budget, **method_params
@@ -119,14 +128,16 @@ class SpeculativeGenerator:
         if announce is not None and pair is not None:
             announce(self._describe_pair(pair))
         elif announce is not None:
-            check_pair(
+            _, int8_draft = check_pair(
                 target, draft, device, dtype, device_map, max_memory, offload_folder, draft_logits
             )
             placed = device_map is not None or max_memory is not None
+            draft = draft or default_draft(target)
+            shown = planned_draft_precision(draft, dtype, int8_draft)
             announce(
                 self._line(
                     target,
-                    draft or default_draft(target),
+                    draft + (f" ({shown})" if shown else ""),
                     dtype,
                     "device map" if placed else device,
                 )
@@ -181,16 +192,15 @@ class SpeculativeGenerator:
 
     def describe(self) -> str:
         """One line: method, tree size, lookup, the target with its precision and device, the
-        draft, the baseline; e.g. `dyspec, 1 draft node + lookup 6 | target embedded
-        SmolLM2-135M-Instruct (int8, cpu) | draft embedded-head | baseline: plain decoding of the
-        same int8 target`."""
+        draft with its precision, the baseline; e.g. `dyspec, 1 draft node + lookup 6 | target
+        embedded SmolLM2-135M-Instruct (int8, cpu) | draft embedded-head (int8) | baseline: plain
+        decoding of the same int8 target`."""
         return self._describe_pair(self.pair)
 
     def _describe_pair(self, pair: ModelPair) -> str:
         placed = ", device map" if getattr(pair.target.model, "hf_device_map", None) else ""
-        return self._line(
-            pair.target_name, pair.draft_name, pair.precision, f"{pair.target.device}{placed}"
-        )
+        draft = pair.draft_name + (f" ({pair.draft_precision})" if pair.draft_precision else "")
+        return self._line(pair.target_name, draft, pair.precision, f"{pair.target.device}{placed}")
 
     def _line(self, target: str, draft: str, precision: str, where: str) -> str:
         s, b = self.settings, self.builder

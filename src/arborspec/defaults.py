@@ -9,6 +9,12 @@ The choice depends on where the target runs and which target it is:
   runs at T = 0 (2 nodes 1.18x / 1.17x, 3 nodes 1.13x / 1.14x) and 1.15x at T = 0.6 (1.13x,
   1.11x); in float32 3 nodes ran about 1.08x. Larger trees (the papers' 16-64 nodes) run slower
   than plain decoding (docs/algorithms.md §7, "The size that pays on a 2-core CPU").
+* **CPU, a draft model** (a smaller model of the target's family, in int8 on a CPU): `dyspec` with
+  `budget=auto` (at most 32 draft nodes) and the same lookup. A draft model's forward costs a
+  sizeable share of the target's (the 0.5B Qwen2.5-Coder draft about 0.4 of its int8 1.5B target)
+  and it often agrees for many tokens in a row, so the tree's size and depth are chosen each step
+  from both models' measured costs and the acceptance seen so far (builders/auto_size.py); on the
+  Qwen pair it ran ahead of every fixed size tried (docs/evaluation.md (m)).
 * **GPU** (any accelerator): `dyspec` with 16 draft nodes and the same lookup. A GPU verifies
   a few dozen rows for about the price of one, but drafting and building a tree are host work
   that grows with its size: with the embedded pair in float32, 16 nodes ran 1.55x plain decoding
@@ -16,8 +22,11 @@ The choice depends on where the target runs and which target it is:
   identical (benchmarks/results/gpu-h100/).
 
 Precision `auto`: `int8` (the batch-invariant int8 target, engine/int8.py, the fast path on a
-CPU) for the embedded target on CPU without a device map; otherwise `float32`. A model the user
-names stays in the precision asked for (`float32` unless told) and is never quantised silently.
+CPU) for the built-in targets shipped as 4-bit GGUF files of instruction-tuned models (the embedded
+SmolLM2 and the Qwen2.5-Coder pair, `catalog.INT8_BY_DEFAULT`) on CPU without a device map;
+otherwise `float32`. A model the user names stays in the precision asked for (`float32` unless
+told) and is never quantised silently; a draft never changes the output, so a draft model or head
+runs int8 on a CPU unless `--draft-dtype` says otherwise (models.py).
 
 Explicit values always win: a method given without a budget gets the device's default budget
 (unless builder parameters given with it define the tree, `builder_params`); a given budget,
@@ -85,8 +94,8 @@ def device_kind(
 
 
 def default_dtype(kind: str, embedded: bool, placed: bool) -> str:
-    """`auto` resolved (module docstring): int8 for the embedded target on CPU without a device
-    map, else float32."""
+    """`auto` resolved (module docstring): int8 for a target that runs int8 by default (`embedded`)
+    on CPU without a device map, else float32."""
     return "int8" if kind == "cpu" and embedded and not placed else "float32"
 
 
@@ -96,6 +105,7 @@ def choose(
     device_map: str | dict | None = None,
     max_memory: str | dict | None = None,
     *,
+    draft_model: bool = False,
     method: str | None = None,
     budget: int | str | None = None,
     lookup: int | None = None,
@@ -103,9 +113,10 @@ def choose(
     builder_params: bool = False,
 ) -> Defaults:
     """The settings for a target on `device` (placed by `device_map` / `max_memory` if given);
-    `embedded`: the target is the embedded model. Given values are kept; None (and dtype "auto")
-    take the defaults. `builder_params`: builder parameters were given, so a missing budget is
-    left to the builder."""
+    `embedded`: the target runs int8 by default on a CPU (`catalog.INT8_BY_DEFAULT`); `draft_model`:
+    the drafter is a draft model, not a draft head or the n-gram drafter. Given values are kept;
+    None (and dtype "auto") take the defaults. `builder_params`: builder parameters were given,
+    so a missing budget is left to the builder."""
     kind = device_kind(device, device_map, max_memory)
     placed = device_map is not None or max_memory is not None
     chosen = []
@@ -118,6 +129,8 @@ def choose(
     if budget is None and not builder_params:
         if kind != "cpu":
             budget = GPU_BUDGET
+        elif draft_model:
+            budget = AUTO
         else:
             budget = INT8_CPU_BUDGET if str(dtype).lower() == "int8" else CPU_BUDGET
         chosen.append("budget")

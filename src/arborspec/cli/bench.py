@@ -75,13 +75,18 @@ def bench(
     """Benchmark methods against plain decoding (same process, interleaved); writes JSONL results,
     tables and plots."""
     from ..bench.run import BenchConfig, parse_number_list, parse_turns, run_bench
+    from ..catalog import int8_by_default
     from ..defaults import choose
-    from ..models import EMBEDDED_TARGET
+    from ..models import default_draft, is_draft_model
 
     models.check_placement()
     if not method:  # the device's defaults, as `arborspec generate` runs them
         d = choose(
-            models.device, models.target == EMBEDDED_TARGET, models.device_map, models.max_memory
+            models.device,
+            int8_by_default(models.target),
+            models.device_map,
+            models.max_memory,
+            draft_model=is_draft_model(models.draft or default_draft(models.target)),
         )
         method = [f"{d.method}:budget={d.budget}:lookup={d.lookup}"]
     cfg = BenchConfig(
@@ -184,13 +189,18 @@ def bench_batch(
         run_concurrency,
     )
     from ..bench.run import parse_number_list
+    from ..catalog import int8_by_default
     from ..defaults import choose
-    from ..models import EMBEDDED_TARGET
+    from ..models import default_draft, is_draft_model
 
     levels = parse_concurrency(concurrency)
     arrivals = parse_arrivals(arrival)
     if not method:  # the device's defaults, as `arborspec generate` runs them
-        d = choose(models.device, models.target == EMBEDDED_TARGET)
+        d = choose(
+            models.device,
+            int8_by_default(models.target),
+            draft_model=is_draft_model(models.draft or default_draft(models.target)),
+        )
         method = [f"{d.method}:budget={d.budget}:lookup={d.lookup}"]
     cfg = ConcurrencyConfig(
         target=models.target,

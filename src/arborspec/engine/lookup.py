@@ -18,11 +18,22 @@ point mass on its token, after the drawn children of its parent (accepted with p
 g then taken out of the residual R; `verifiers.py`, docs/algorithms.md §9). A chain token that a
 drawn child already holds is that child, judged once, as drawn. Grafted nodes carry value 0 and
 draft probability 0, and the decoder leaves them out of the acceptance model's calibration.
+
+With `budget=auto` at temperature 0 the chain is priced like a tree's nodes (`LookupPrice`): its
+k-th token is worth r^k, r the rate at which this generation's grafted tokens were accepted so far,
+and only the prefix that raises the step's expected tokens per unit of time on the measured cost
+curve is grafted; none, when copying does not pay (prose the context does not repeat), so that the
+step verifies only what the draft proposed, or the root alone: a plain step. Greedy verification
+accepts any tree, so the cut is lossless; above temperature 0 the whole chain is grafted, as a cut
+that looks at the tree the draft drew could bias the rejection verifiers.
 """
 
 from __future__ import annotations
 
 from .tree import TokenTree
+
+# the grafted tokens a generation starts from when pricing its chains: 1 accepted of 2 examined
+PRIOR_ACCEPTED, PRIOR_EXAMINED = 1.0, 2.0
 
 
 class ContextLookup:
@@ -75,3 +86,39 @@ def graft(tree: TokenTree, chain: list[int]) -> list[int]:
             added.append(child)
         node = child
     return added
+
+
+class LookupPrice:
+    """How much of a lookup chain pays its rows (module doc), for one generation: the online rate
+    at which grafted tokens are accepted, and the prefix it buys."""
+
+    def __init__(self) -> None:
+        self.accepted, self.examined = PRIOR_ACCEPTED, PRIOR_EXAMINED
+
+    @property
+    def rate(self) -> float:
+        """Accepted grafted tokens over examined ones (each chain examined up to its first
+        rejected token), with the prior."""
+        return self.accepted / self.examined
+
+    def update(self, grafted: int, accepted: int) -> None:
+        """A step grafted `grafted` tokens, of which the verifier accepted `accepted`."""
+        if grafted:
+            self.accepted += accepted
+            self.examined += min(grafted, accepted + 1)
+
+    def prefix(
+        self, chain: list[int], expected: float, size: int, forwards: int, cost
+    ) -> list[int]:
+        """The prefix of `chain` to graft onto a tree of `size` nodes expected to commit `expected`
+        tokens with `forwards` draft forwards: the k maximising `(expected + r + ... + r^k) /
+        cost.step_cost(size + k, forwards)` (`cost`: an `engine.cost.CostCurve`; every chain token
+        counted as a new row)."""
+        best_k, best, value, gain = 0, expected / cost.step_cost(size, forwards), 1.0, 0.0
+        for k in range(1, len(chain) + 1):
+            value *= self.rate
+            gain += value
+            score = (expected + gain) / cost.step_cost(size + k, forwards)
+            if score > best:
+                best_k, best = k, score
+        return chain[:best_k]
