@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27 28} "
+STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27 28 29} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -290,6 +290,22 @@ run 27 && say 27 "KV cache storage" && $P benchmarks/tools/kv_storage_probes.py 
 #     the shared budget, DySpec 1 + lookup and a chain of 1 from the draft head, plain interleaved.
 run 28 && say 28 "oracle drafts" && $P benchmarks/tools/oracle_drafts.py \
   --out "$RES/oracle-drafts.json"
+# 29. A user's pair: Qwen2.5-Coder-1.5B-Instruct (int8) with its 0.5B sibling as the draft model
+#     (int8 on the CPU, its vocabulary cut), the default (`budget=auto`) beside fixed tree sizes, on
+#     HumanEval 20 and the stratified MT-Bench 24; then the n-gram draft on the same target, its
+#     default beside auto.
+#     Needs the two models' packages (README, "On your own model").
+if run 29; then
+  say 29 "the Qwen2.5-Coder pair and the n-gram draft on it"
+  QWEN="--target qwen2.5-coder-1.5b --max-new-tokens 128 --temperatures 0"
+  SIZES="-m dyspec:budget=auto:lookup=6 -m dyspec:budget=1,4:lookup=6"
+  bench qwen-pair-humaneval $QWEN --draft qwen2.5-coder-0.5b --prompts humaneval --num-prompts 20 $SIZES
+  bench qwen-pair-mtbench $QWEN --draft qwen2.5-coder-0.5b --prompts mt-bench --num-prompts 24 \
+    -m dyspec:budget=auto:lookup=6 -m dyspec:budget=1:lookup=6
+  NGRAM="-m dyspec:budget=1:lookup=6 -m dyspec:budget=auto:lookup=6"
+  bench qwen-ngram-humaneval $QWEN --draft ngram --prompts humaneval --num-prompts 20 $NGRAM
+  bench qwen-ngram-mtbench $QWEN --draft ngram --prompts mt-bench --num-prompts 24 $NGRAM
+fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).
 run 15 && say 15 "GPU tests and bench" && benchmarks/tools/gpu_run.sh "$RUNS/gpu"
