@@ -11,7 +11,8 @@ from arborspec.cli import app
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import ModelDrafter
 from arborspec.errors import ArborError
-from arborspec.models import embedded_gguf_path, load_model
+from arborspec.catalog import embedded_gguf_path
+from arborspec.models import load_model
 from arborspec.builders.registry import builder_names, make_builder
 
 from conftest import tiny_llama

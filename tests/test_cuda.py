@@ -481,7 +481,7 @@ def _embedded_missing() -> str | None:
     """Why the embedded model cannot be loaded here (None: it can: converted, or its GGUF to convert)."""
     from arborspec.common.gguf import is_converted
     from arborspec.errors import ArborError
-    from arborspec.models import BUILTIN_DIRS, EMBEDDED_TARGET, cache_root, embedded_gguf_path
+    from arborspec.catalog import BUILTIN_DIRS, EMBEDDED_TARGET, cache_root, embedded_gguf_path
 
     folder = cache_root() / BUILTIN_DIRS[EMBEDDED_TARGET]
     if is_converted(folder):

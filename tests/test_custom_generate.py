@@ -365,7 +365,7 @@ def test_default_draft_is_a_head_beside_the_model(pair, tmp_path):
 def embedded():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from arborspec.models import embedded_target_dir
+    from arborspec.catalog import embedded_target_dir
 
     path = embedded_target_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -141,7 +141,8 @@ def test_vocab_mismatch_is_refused(tmp_path, target_tok):
 def test_shipped_draft_matches_embedded_target(target_tok):
     from transformers import AutoConfig, AutoTokenizer
 
-    from arborspec.models import embedded_target_dir, resolve_model_path
+    from arborspec.catalog import embedded_target_dir
+    from arborspec.models import resolve_model_path
 
     path = Path(resolve_model_path("embedded-draft"))
     assert path == SHIPPED_DRAFT_DIR

@@ -12,21 +12,17 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import MODEL_THREADS
 
+from arborspec.catalog import GEMMA3_PIP, GEMMA3_TARGET, cache_root, gemma3_gguf
 from arborspec.common.chat import encode_messages, encode_prompt
 from arborspec.common.gguf import assemble_parts
 from arborspec.errors import ArborError
 from arborspec.models import (
-    GEMMA3_PIP,
-    GEMMA3_TARGET,
-    cache_root,
-    gemma3_gguf,
     load_model,
     load_tokenizer,
     resolve_model_path,
 )
-
-from conftest import MODEL_THREADS
 
 _MISSING = [
     name

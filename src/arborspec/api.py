@@ -22,7 +22,7 @@ from typing import Any
 
 from .builders import make_builder
 from .builders.shared_budget import SharedBudget
-from .catalog import int8_by_default
+from .catalog import EMBEDDED_TARGET, EMBEDDED_TARGET_NAME, int8_by_default
 from .common.chat import encode_prompt, eos_ids
 from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
 from .drafters import ModelDrafter
@@ -32,8 +32,6 @@ from .engine.sampling import sampling_config
 from .engine.stats import GenerationInterrupted, GenerationResult
 from .errors import ArborError
 from .models import (
-    EMBEDDED_TARGET,
-    EMBEDDED_TARGET_NAME,
     ModelPair,
     check_pair,
     check_same_vocabulary,

@@ -69,10 +69,10 @@ class PartedGGUF:
         )
         return f"--no-deps {names}"
 
-    def assemble(self, folder: Path, name: str) -> Path:
-        """The parts concatenated into `folder/<name>.gguf`, checked against the SHA-256."""
+    def part_files(self, name: str) -> list[Path]:
+        """Each part's data file, in order; a missing package names the pip line in one line."""
         module = self.distribution.replace("-", "_")
-        paths = [
+        return [
             package_file(
                 f"{module}_part{i}",
                 f"data/part{i:02d}.bin",
@@ -81,7 +81,11 @@ class PartedGGUF:
             )
             for i in range(1, self.parts + 1)
         ]
-        return assemble_parts(paths, Path(folder) / f"{name}{GGUF_SUFFIX}", self.sha256)
+
+    def assemble(self, folder: Path, name: str) -> Path:
+        """The parts concatenated into `folder/<name>.gguf`, checked against the SHA-256."""
+        out = Path(folder) / f"{name}{GGUF_SUFFIX}"
+        return assemble_parts(self.part_files(name), out, self.sha256)
 
 
 PARTED = {
@@ -235,9 +239,7 @@ def parted_installed(name: str) -> bool:
     if is_converted(cache_root() / BUILTIN_DIRS[name]):
         return True
     try:
-        module = PARTED[name].distribution.replace("-", "_")
-        for i in range(1, PARTED[name].parts + 1):
-            package_file(f"{module}_part{i}", f"data/part{i:02d}.bin", pip="", needed_for="")
+        PARTED[name].part_files(name)
     except ArborError:
         return False
     return True

@@ -25,27 +25,13 @@ from typing import Any
 
 import torch
 
-from .catalog import (  # noqa: F401 - the built-in names, re-exported for callers of models
+from .catalog import (
     BUILTIN_DIRS,
     BUILTIN_DRAFTS,
     BUILTIN_TARGETS,
-    EMBEDDED_GGUF,
     EMBEDDED_TARGET,
-    EMBEDDED_TARGET_NAME,
-    GEMMA3_GGUF,
-    GEMMA3_PACKAGES,
-    GEMMA3_PIP,
     GEMMA3_TARGET,
-    GEMMA3_TARGET_NAME,
-    GEMMA3_TEMPLATE,
-    PARTED,
-    QWEN_CODER_0_5B,
-    QWEN_CODER_1_5B,
     cache_root,
-    embedded_gguf_path,
-    embedded_target_dir,
-    gemma3_gguf,
-    gemma3_target_dir,
     gguf_file_dir,
     is_gguf_path,
     parted_installed,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..builders import make_builder, parse_params
+from ..catalog import EMBEDDED_TARGET, embedded_gguf_path
 from ..common.chat import encode_messages, eos_ids
 from ..common.progress import progress_bar
 from ..common.provenance import machine_info, utc_timestamp, versions
@@ -50,12 +51,10 @@ from ..engine.sampling import SamplingConfig, sampling_config
 from ..errors import ArborError, Interrupted
 from ..models import (
     EMBEDDED_DRAFT,
-    EMBEDDED_TARGET,
     SHIPPED_DRAFT_DIR,
     ModelPair,
     default_draft,
     draft_precision,
-    embedded_gguf_path,
     head_int8,
     load_model,
     load_pair,

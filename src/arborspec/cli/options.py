@@ -19,10 +19,9 @@ from typing import Optional
 
 import typer
 
-from ..catalog import int8_by_default
+from ..catalog import EMBEDDED_TARGET, int8_by_default
 from ..defaults import AUTO, resolve_dtype
 from ..errors import ArborError
-from ..models import EMBEDDED_TARGET
 
 
 @dataclass(frozen=True)

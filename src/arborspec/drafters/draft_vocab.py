@@ -54,8 +54,7 @@ def ranked_tokens(tokenizer, cache_dir: Path | None = None) -> list[int]:
 
 def frequent_tokens(tokenizer, size: int, cache_dir: Path | None = None) -> list[int]:
     """The draft vocabulary: the `size` most frequent tokens of the reference text and every
-    special token of `tokenizer` (sorted ids)."""
+    special or added token of `tokenizer` (sorted ids)."""
     keep = set(ranked_tokens(tokenizer, cache_dir)[:size])
-    keep |= set(tokenizer.all_special_ids)
-    keep |= {i for t, i in tokenizer.get_vocab().items() if t in tokenizer.get_added_vocab()}
+    keep |= set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     return sorted(keep)

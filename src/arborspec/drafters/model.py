@@ -65,11 +65,13 @@ class ModelDrafter(Drafter):
         self.base = 0  # committed tokens in the cache after `begin`
         head = model.get_output_embeddings() if self.lm.head.supported else None
         self._vocab = None  # the draft vocabulary's ids (sorted), None: the whole head
-        self._in_vocab = None  # [V] bool: in the draft vocabulary (shared by spawned twins)
+        self._vocab_set: frozenset[int] = frozenset()  # the same ids, for membership
         self._head_rows = None  # float LM-head rows of a cut vocabulary (without int8_logits)
         self._int8_head = None  # (packed int8 LM-head rows, their bias, their count)
-        self._extra: list[int] = []  # this request's context tokens outside the draft vocabulary
+        # this request's context tokens outside the draft vocabulary, and their head rows
+        self._extra: list[int] = []
         self._extra_set: set[int] = set()
+        self._extra_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._noted = 0  # committed tokens whose ids `_extra` has taken into account
         if head is None:
             return
@@ -77,8 +79,7 @@ class ModelDrafter(Drafter):
         if vocab_ids is not None:
             ids = torch.tensor(sorted(set(vocab_ids)), dtype=torch.long, device=weight.device)
             self._vocab = ids
-            self._in_vocab = torch.zeros(self.vocab_size, dtype=torch.bool)
-            self._in_vocab[ids.cpu()] = True
+            self._vocab_set = frozenset(ids.tolist())
             weight = weight.index_select(0, ids)
             bias = None if bias is None else bias.detach().index_select(0, ids)
             self._head_rows = (weight, bias)
@@ -111,20 +112,27 @@ class ModelDrafter(Drafter):
             (hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device
         ).index_copy_(1, self._vocab, small)
         if self._extra:
-            head = self.lm.model.get_output_embeddings()
-            ids = torch.tensor(self._extra, dtype=torch.long, device=hidden.device)
-            bias = None if head.bias is None else head.bias.index_select(0, ids)
-            weight = head.weight.index_select(0, ids)
+            ids, weight, bias = self._context_rows()
             out[:, ids] = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
         return out
+
+    def _context_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The context tokens' ids and LM-head rows (weight, bias), gathered again only when the
+        request's context brought new ones."""
+        if self._extra_rows is None or self._extra_rows[0].numel() != len(self._extra):
+            head = self.lm.model.get_output_embeddings()
+            ids = torch.tensor(self._extra, dtype=torch.long, device=head.weight.device)
+            bias = None if head.bias is None else head.bias.detach().index_select(0, ids)
+            self._extra_rows = (ids, head.weight.detach().index_select(0, ids), bias)
+        return self._extra_rows
 
     def _note_context(self, committed: list[int]) -> None:
         """Tokens of the request's context outside the draft vocabulary join it for this request
         (module doc)."""
-        if self._in_vocab is None:
+        if self._vocab is None:
             return
         for token in committed[self._noted :]:
-            if token not in self._extra_set and not self._in_vocab[token]:
+            if token not in self._vocab_set and token not in self._extra_set:
                 self._extra_set.add(token)
                 self._extra.append(token)
         self._noted = len(committed)
@@ -148,7 +156,7 @@ class ModelDrafter(Drafter):
         self.slots = {}
         # the context's own tokens leave the vocabulary with their request (new objects: a
         # spawned twin shares nothing of its parent's request)
-        self._extra, self._extra_set, self._noted = [], set(), 0
+        self._extra, self._extra_set, self._extra_rows, self._noted = [], set(), None, 0
 
     def begin(self, committed: list[int]) -> torch.Tensor:
         self.forward_time, self.forwards = 0.0, 0

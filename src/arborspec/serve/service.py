@@ -24,15 +24,15 @@ from typing import Any, AsyncIterator, Callable
 
 from ..api import SpeculativeGenerator
 from ..builders import make_builder
-from ..builders.registry import parse_budget
 from ..builders.dyspec import DySpecBuilder
+from ..builders.registry import parse_budget
 from ..builders.shared_budget import SharedBudget
+from ..catalog import EMBEDDED_TARGET
 from ..common.chat import encode_messages, eos_ids
 from ..engine.batch_decode import BatchDecoder, BatchRequest
 from ..engine.decode import DecodeConfig
 from ..engine.sampling import sampling_config
 from ..errors import ArborError
-from ..models import EMBEDDED_TARGET
 from .api_errors import APIError, bad_request
 from .engine_loop import EngineLoop, QueueFull, Ticket
 from .metrics import ServerMetrics
