@@ -271,3 +271,36 @@ BUILTIN_TARGETS: dict[str, Callable[[], Path]] = {
     GEMMA3_TARGET: gemma3_target_dir,
     **{name: (lambda name=name: parted_dir(name)) for name in PARTED},
 }
+GGUF_FILES = "gguf-files"  # the cache folder where built-in GGUF files are put together for peers
+
+
+def has_gguf_file(name: str) -> bool:
+    """Whether `gguf_file` knows the GGUF file of the model `name` (nothing is read)."""
+    return name in (EMBEDDED_TARGET, GEMMA3_TARGET) or name in PARTED or is_gguf_path(name)
+
+
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file of the model `name` for a program that runs GGUF files itself (llama.cpp as a
+    benchmark peer): a `.gguf` path itself; the embedded target's file in its package; a built-in
+    model's parts put together once in the cache (checksummed); None for any other model."""
+    if is_gguf_path(name):
+        return Path(name).expanduser()
+    if name == EMBEDDED_TARGET:
+        return embedded_gguf_path()
+    if name == GEMMA3_TARGET:
+        return _kept_gguf(GEMMA3_GGUF, gemma3_gguf)
+    if name in PARTED:
+        return _kept_gguf(f"{name}{GGUF_SUFFIX}", lambda tmp: PARTED[name].assemble(tmp, name))
+    return None
+
+
+def _kept_gguf(file_name: str, assemble: Callable[[Path], Path]) -> Path:
+    """`cache_root()/gguf-files/<file_name>`, put together by `assemble(folder)` in a temporary
+    folder and moved in whole on first use (an interrupted assembly leaves nothing behind)."""
+    out = cache_root() / GGUF_FILES / file_name
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{file_name}-", dir=out.parent) as folder:
+        os.replace(assemble(Path(folder)), out)
+    return out
