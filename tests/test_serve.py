@@ -15,26 +15,24 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import openai
 import pytest
 import uvicorn
-
 from arborspec import SpeculativeGenerator
 from arborspec.builders.dyspec import DySpecBuilder
 from arborspec.builders.registry import BUILDERS
 from arborspec.common.chat import eos_ids
+from arborspec.common.ports import free_port
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.errors import ArborError
 from arborspec.models import load_pair, load_tokenizer
 from arborspec.serve import ServeConfig, Service, create_app
-from arborspec.common.ports import free_port
 from arborspec.serve.text import TextStream
 
-from conftest import char_tokenizer, perturbed_copy, tiny_llama
+from conftest import char_tokenizer, perturbed_copy, tiny_llama, wait_until
 
 MODEL = "tiny"
 PROMPTS = [f"Prompt {i}: tell me about {'abcdefgh'[i % 8] * (1 + i % 3)} and {i * 7}." for i in range(32)]
@@ -105,10 +103,12 @@ def start(service: Service, load: bool = True) -> Server:
                                            lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the server thread ended before it started serving"
+        return server.started
+
+    wait_until(started, 30, "the server to start")
     return Server(service, port, server, thread)
 
 
@@ -294,9 +294,7 @@ def test_api_key_body_size_and_queue_limits(tiny_dirs):
             status, reply, headers = server.raw("POST", "/v1/chat/completions", json.dumps(GOOD).encode(),
                                                 {"Authorization": "Bearer s3cret"})
             assert status == 429 and reply["error"]["type"] == "rate_limit_error" and headers["retry-after"] == "1"
-        deadline = time.time() + 5
-        while server.service.in_flight and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: server.service.in_flight == 0, 5, "the closed stream's request to leave")
         assert chat(client, "hi").choices[0].finish_reason in ("stop", "length")
     finally:
         server.stop()
@@ -349,10 +347,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_request(served):
     next(chunks), next(chunks)
     assert metric(server, "arborspec_active_requests") == 1
     stream.close()
-    closed = time.time()
-    while metric(server, "arborspec_active_requests") > 0 or server.service.engine.running > 0:
-        assert time.time() - closed < 2.0, "the request was not freed within 2 s"
-        time.sleep(0.05)
+    wait_until(lambda: metric(server, "arborspec_active_requests") == 0 and server.service.engine.running == 0,
+               2.0, "the disconnected request to be freed")
     assert server.service.engine.decoder.idle and server.service.in_flight == 0
     assert metric(server, "arborspec_requests_total") > 0 and metric(server, "arborspec_accepted_length_count") > 0
 
@@ -402,10 +398,11 @@ def test_a_request_that_fails_in_the_engine_fails_alone(served):
 
         good0, failed, good2 = asyncio.run(run())
         assert good0.choices[0].message.content == refs[0][0] and good2.choices[0].message.content == refs[2][0]
-        assert isinstance(failed, openai.InternalServerError) and "injected failure" in str(failed)
+        assert isinstance(failed, openai.InternalServerError) and "failed in the engine" in str(failed)
+        assert "injected failure" not in str(failed)  # the details go to the log only
     finally:
         del BUILDERS[FailingBuilder.name]
-    with pytest.raises(openai.APIError, match="injected failure"):  # the stream carries the error
+    with pytest.raises(openai.APIError, match="failed in the engine"):  # the stream carries the error
         BUILDERS[FailingBuilder.name] = FailingBuilder
         try:
             streamed(chat(server.client(), PROMPTS[3], stream=True, extra_body={"method": "failing-test"}))
@@ -426,19 +423,21 @@ def test_serve_command_drains_on_sigterm_and_exits_zero(tiny_dirs):
     try:
         base = f"http://127.0.0.1:{port}"
         server = Server(None, port, None, None)
-        seen, deadline = set(), time.time() + 90
-        while "ready" not in seen:
-            assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() else "slow"
+
+        def health() -> str | None:
+            assert proc.poll() is None, proc.stdout.read()
             try:
-                seen.add(server.raw("GET", "/health")[1]["status"])
-            except OSError:
-                time.sleep(0.1)
+                return server.raw("GET", "/health")[1]["status"]
+            except OSError:  # not listening yet
+                return None
+
+        wait_until(lambda: health() == "ready", 90, "/health to say ready")
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
         stream = chat(client, LONG, 600, stream=True)
         chunks = iter(stream)
         next(chunks)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        wait_until(lambda: health() == "draining", 10, "/health to say draining after SIGTERM")
         status, reply, _ = server.raw("POST", "/v1/chat/completions", json.dumps(GOOD).encode())
         assert status == 503 and reply["error"]["code"] == "server_shutting_down"
         text, finish, _ = streamed(chunks)  # the request in flight finishes
@@ -455,8 +454,8 @@ def test_load_test_counts_every_token_and_request(served, tmp_path):
     """`arborspec bench-serve` against a running server: every request answered, tokens = the answers' usage,
     speculative texts = plain's at T = 0, the figures recomputed from the records, and a resumed run adds
     nothing."""
-    from arborspec.bench.serve_load import ServeLoadConfig, cell_figures, run_serve_load, summarize
     from arborspec.bench.report import read_results
+    from arborspec.bench.serve_load import ServeLoadConfig, cell_figures, run_serve_load, summarize
 
     server, _ = served
     cfg = ServeLoadConfig(url=f"http://127.0.0.1:{server.port}", num_prompts=5, max_tokens=6,

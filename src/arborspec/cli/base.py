@@ -6,6 +6,7 @@ import functools
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import ArborError, Interrupted
 
@@ -25,7 +26,7 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except ArborError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # "[serve]" kept
             raise typer.Exit(2) from None
         except KeyboardInterrupt as exc:
             err.print(str(exc) if isinstance(exc, Interrupted) else "interrupted", highlight=False)

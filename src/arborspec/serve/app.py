@@ -3,9 +3,13 @@
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /metrics`
 (Prometheus text), `GET /health` (200 once the models are loaded and warmed up; 503 while loading
 or shutting down). With an API key every route but `/health` needs `Authorization: Bearer <key>`
-(compared in constant time). Streaming answers are server-sent events in OpenAI's chunk format,
-sent as tokens commit, ending with `data: [DONE]`. Every error is an OpenAI-shaped JSON body with
-its status (serve/api_errors.py) and one log line; the server keeps serving.
+(compared in constant time); `/health` without the key says only its status, with it (or with no
+key set) also the model, its settings and a load error. Streaming answers are server-sent events
+in OpenAI's chunk format, sent as tokens commit, ending with `data: [DONE]`. Every error is an
+OpenAI-shaped JSON body with its status (serve/api_errors.py) and one log line; an unexpected one
+answers 500 with a generic message, its details in the log only. The server keeps serving.
+Requests are counted by route template (`/v1/models/{model:path}`), every unknown path as
+`unmatched`, so clients cannot grow the metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ from .service import Prepared, Service
 log = logging.getLogger("arborspec.serve")
 
 DISCONNECT_POLL_S = 0.2  # how often a non-streamed request checks that its client is still there
+UNMATCHED = "unmatched"  # the metrics' route label of a path no route matches
+
+
+def route_label(request: Request) -> str:
+    """The route template that matched `request` (never the raw path), else UNMATCHED."""
+    return getattr(request.scope.get("route"), "path", None) or UNMATCHED
 
 
 def create_app(service: Service) -> FastAPI:
@@ -41,7 +51,7 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         log.warning("%s %s -> %d %s", request.method, request.url.path, error.status, error.message)
-        service.metrics.requests.labels(request.url.path, str(error.status)).inc()
+        service.metrics.requests.labels(route_label(request), str(error.status)).inc()
         return JSONResponse(error.body(), error.status, headers=error.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -57,20 +67,22 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s", request.url.path)
-        return await api_error(
-            request, APIError(500, f"internal error: {error!r}", "server_error", "internal_error")
+        log.error("unexpected error on %s", request.url.path, exc_info=error)
+        message = "internal error: the server's log has the details"
+        return await api_error(request, APIError(500, message, "server_error", "internal_error"))
+
+    def authorized(request: Request) -> bool:
+        key = service.config.api_key
+        if not key:
+            return True
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), key.encode()
         )
 
     def authorize(request: Request) -> None:
-        key = service.config.api_key
-        if not key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), key.encode()
-        ):
+        if not authorized(request):
             raise APIError(
                 401,
                 "a valid API key is needed: send 'Authorization: Bearer <key>'",
@@ -114,15 +126,25 @@ def create_app(service: Service) -> FastAPI:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as error:
             raise bad_request(f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise bad_request(
+                "the request body is nested too deeply: send a flat JSON object"
+            ) from None
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        detailed = authorized(request)  # without the key: the status alone
         if service.load_error:
-            return JSONResponse({"status": "failed", "error": service.load_error}, 503)
+            failed = {"status": "failed"}
+            if detailed:
+                failed["error"] = service.load_error
+            return JSONResponse(failed, 503)
         if service.draining:
             return JSONResponse({"status": "draining"}, 503)
         if not service.ready:
             return JSONResponse({"status": "loading"}, 503)
+        if not detailed:
+            return JSONResponse({"status": "ready"})
         ready = {"status": "ready", "model": service.model_name, **service.describe()}
         return JSONResponse(ready, headers=service.headers())
 
@@ -155,9 +177,9 @@ def create_app(service: Service) -> FastAPI:
     async def complete(request: Request, cls) -> Response:
         admit(request)
         body = parse(cls, await read_json(request))
-        prepared = service.prepare(body)
+        prepared = await service.prepare_async(body)  # chat template and tokens off the loop
         ticket = service.submit(prepared)
-        route = request.url.path
+        route = route_label(request)
         if prepared.stream:
             events = _events(service, prepared, ticket, route)
             return EventSourceResponse(events, ping=15, sep="\n", headers=service.headers())

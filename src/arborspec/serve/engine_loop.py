@@ -18,7 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..engine.batch_decode import BatchDecoder, BatchRequest, RequestHandle
 

@@ -1,11 +1,13 @@
 """Server-wide counters in the Prometheus text format (`GET /metrics`), on prometheus_client.
 
 Each server has its own registry (several servers in one process, as in the tests, never share
-counters). Gauges of requests in the batch and waiting are read from the engine when scraped."""
+counters). Gauges of requests in the batch and waiting are read from the engine when scraped.
+Requests are labelled by route template and status, never by the path a client sent
+(serve/app.py), so the series stay few whatever the clients ask for."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -26,7 +28,7 @@ class ServerMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "arborspec_requests",
-            "Requests answered, by route and HTTP status",
+            "Requests answered, by route template (or 'unmatched') and HTTP status",
             ["route", "status"],
             registry=r,
         )

@@ -147,10 +147,17 @@ class ChatRequest(_Generation):
         return b if b is not None else a
 
     def conversation(self) -> list[dict]:
+        """The messages as the chat template reads them: role, content and, where given, the
+        speaker's `name` (templates that render it show it; without a template only the contents
+        are joined, as for the roles)."""
         if self.messages[-1].role != "user":
             raise bad_request("the last message must be the user's", "messages")
         roles = {"developer": "system"}
-        return [{"role": roles.get(m.role, m.role), "content": m.text()} for m in self.messages]
+        return [
+            {"role": roles.get(m.role, m.role), "content": m.text()}
+            | ({"name": m.name} if m.name is not None else {})
+            for m in self.messages
+        ]
 
 
 class CompletionRequest(_Generation):

@@ -5,11 +5,17 @@ The port opens at once; the models load and warm up in the background while `/he
 stops taking requests (503), lets those in flight finish for up to `shutdown_timeout` seconds,
 cancels the rest (their clients get an error), closes and returns normally (exit status 0). A
 second signal stops at once.
+
+uvicorn runs on a thread of its own (`uvicorn.Server.run`), where it installs no signal handlers;
+the calling thread installs its own for SIGTERM and SIGINT, watches the drain and tells uvicorn to
+stop through its `should_exit` and `force_exit` flags.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 
 import uvicorn
@@ -20,17 +26,19 @@ from .service import ServeConfig, Service
 
 log = logging.getLogger("arborspec.serve")
 
+WATCH_S = 0.1  # how often the calling thread looks at the drain
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn with the drain above in place of its immediate stop on the first signal."""
 
-    def __init__(self, config: uvicorn.Config, service: Service) -> None:
-        super().__init__(config)
-        self.service = service
+class _Stop:
+    """The graceful stop (module docstring): the signal handlers, then `watch` on each tick."""
+
+    def __init__(self, server: uvicorn.Server, service: Service) -> None:
+        self.server, self.service = server, service
         self.deadline: float | None = None
 
-    def handle_exit(self, sig: int, frame) -> None:  # a signal: never re-raised after the exit
-        if self.deadline is None and not self.should_exit:
+    def signalled(self, sig: int, frame) -> None:
+        if self.deadline is None and not self.server.should_exit:
             log.info(
                 "signal %d: draining (up to %.0f s); a second signal stops now",
                 sig,
@@ -40,24 +48,24 @@ class _Uvicorn(uvicorn.Server):
             self.deadline = time.monotonic() + self.service.config.shutdown_timeout
             return
         self.service.cancel_all()
-        self.should_exit = True
-        self.force_exit = True
+        self.server.should_exit = True
+        self.server.force_exit = True
 
-    async def on_tick(self, counter: int) -> bool:
+    def watch(self) -> None:
         if self.service.load_error:
-            self.should_exit = True
-        elif self.deadline is not None:
+            self.server.should_exit = True
+        elif self.deadline is not None and not self.server.should_exit:
             if self.service.in_flight == 0:
-                self.should_exit = True
+                self.server.should_exit = True
             elif time.monotonic() > self.deadline:
                 log.info("shutdown timeout: cancelling %d requests", self.service.in_flight)
                 self.service.cancel_all()
                 self.deadline = float("inf")  # then wait for the cancelled ones to answer
-        return await super().on_tick(counter)
 
 
 def serve(config: ServeConfig, service: Service | None = None, log_level: str = "info") -> None:
-    """Run the server until a signal (module docstring); raises ArborError if loading fails."""
+    """Run the server until a signal (module docstring); raises ArborError if loading fails or the
+    port cannot be served. Signals are handled when called on the main thread."""
     service = service or Service(config)
     app = create_app(service)
     uv_config = uvicorn.Config(
@@ -69,11 +77,34 @@ def serve(config: ServeConfig, service: Service | None = None, log_level: str = 
         access_log=False,
         lifespan="off",
     )
-    server = _Uvicorn(uv_config, service)
-    service.load_in_background()
+    server = uvicorn.Server(uv_config)
+    stop = _Stop(server, service)
+    exits = []
+
+    def run_http() -> None:
+        try:
+            server.run()
+        except SystemExit as exit:  # uvicorn's own when it cannot start: said below
+            exits.append(exit.code)
+
+    http = threading.Thread(target=run_http, name="arborspec-http", daemon=True)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, stop.signalled) for sig in SIGNALS}
     try:
-        server.run()
+        service.load_in_background()
+        http.start()
+        while http.is_alive():
+            http.join(WATCH_S)
+            stop.watch()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         service.close()
     if service.load_error:
         raise ArborError(service.load_error)
+    if exits or (not server.started and stop.deadline is None):
+        raise ArborError(
+            f"the server could not listen on {config.host}:{config.port} (the log line above "
+            "says why): choose another --host or --port"
+        )

@@ -9,18 +9,27 @@ Lifecycle: `load()` loads the pair (unless one was given), builds the batch deco
 plain rows) and starts the engine thread; only then is the service `ready`. `drain()` refuses new
 requests (503) while those in flight finish; `cancel_all()` ends the rest; `close()` stops the
 engine thread.
+
+Threads: the event loop speaks HTTP and streams text; `prepare_async` checks a request (its chat
+template and tokenising included) on a thread of its own, one request at a time, so a long prompt
+never holds up the other requests' streams; the engine thread steps the decoder. Each of the three
+has its own copy of the tokenizer (a fast tokenizer is not shared across threads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from ..api import SpeculativeGenerator
 from ..builders import make_builder
@@ -43,6 +52,7 @@ log = logging.getLogger("arborspec.serve")
 
 WARMUP_PROMPT = "Say hello."
 WARMUP_TOKENS = 8
+MAX_BUILDERS = 32  # builders kept for the methods and budgets requests name, least recent dropped
 
 
 @dataclass
@@ -134,7 +144,9 @@ class Service:
             waiting=lambda: self.engine.waiting if self.engine else 0,
             active=lambda: self.answering,
         )
-        self._builders: dict[tuple, Any] = {}
+        # the builders of the methods and budgets requests name, at most MAX_BUILDERS
+        self._builders: OrderedDict[tuple, Any] = OrderedDict()
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix="arborspec-prepare")
         self.shared_in_use = False  # a shared budget grows the default requests' trees (`_load`)
         self.replica: str | None = (
             None  # the replica's id when hosted as one of several (ray_app.py)
@@ -147,8 +159,12 @@ class Service:
         try:
             self._load()
         except Exception as error:  # reported by /health and by the command that started us
-            self.load_error = str(error) if isinstance(error, ArborError) else repr(error)
-            log.error("loading failed: %s", self.load_error)
+            if isinstance(error, ArborError):
+                self.load_error = str(error)
+                log.error("loading failed: %s", error)
+            else:  # the details go to the log only
+                self.load_error = "loading the models failed: see the server's log"
+                log.exception("loading failed")
             raise
 
     def load_in_background(self) -> threading.Thread:
@@ -180,7 +196,8 @@ class Service:
         gen = self.generator
         if gen.tokenizer is None:
             raise ArborError("the server needs the target's tokenizer")
-        self.tokenizer = gen.tokenizer
+        self.tokenizer = gen.tokenizer  # the event loop's: streamed text
+        self.prompt_tokenizer = copy.deepcopy(gen.tokenizer)  # prompts, on the preparing thread
         self.engine_tokenizer = copy.deepcopy(gen.tokenizer)  # stop checks on the engine thread
         self.eos = eos_ids(gen.tokenizer, gen.pair.target.model)
         pair = gen.pair
@@ -248,6 +265,7 @@ class Service:
     def close(self) -> None:
         if self.engine is not None and self.engine.thread.is_alive():
             self.engine.stop()
+        self._preparer.shutdown(wait=False, cancel_futures=True)
 
     @property
     def in_flight(self) -> int:
@@ -274,20 +292,21 @@ class Service:
 
     # ------------------------------------------------------------------ requests
     def _chat_ids(self, body: ChatRequest) -> list[int]:
-        return encode_messages(self.tokenizer, body.conversation(), chat=True)
+        return encode_messages(self.prompt_tokenizer, body.conversation(), chat=True)
 
     def _completion_ids(self, body: CompletionRequest) -> list[int]:
         prompt = body.single_prompt()
         if isinstance(prompt, str):
-            return self.tokenizer(prompt)["input_ids"]
-        vocab = len(self.tokenizer)
+            return self.prompt_tokenizer(prompt)["input_ids"]
+        vocab = len(self.prompt_tokenizer)
         if any(not 0 <= t < vocab for t in prompt):
             raise bad_request(f"prompt token ids must be in 0..{vocab - 1}", "prompt")
         return list(prompt)
 
-    def _builder(self, body) -> Any:
+    def _builder(self, body, lookup: int) -> Any:
         """The request's tree builder: None for plain decoding, else the server's own or the one
-        its `method` / `budget` ask for."""
+        its `method` / `budget` ask for (the last MAX_BUILDERS of those kept). A budget must leave
+        its tree, the root and `lookup` grafted tokens within a forward's `max_rows`."""
         if body.speculative is False:
             if body.method is not None or body.budget is not None or body.lookup:
                 raise bad_request(
@@ -302,12 +321,29 @@ class Service:
         method = body.method or gen.builder.name
         try:
             budget = parse_budget(body.budget) if body.budget is not None else gen.settings.budget
-            key = (method, budget)
-            if key not in self._builders:
-                self._builders[key] = make_builder(method, budget=budget)
         except ArborError as error:
-            raise bad_request(str(error), "method" if body.method else "budget") from None
-        return self._builders[key]
+            raise bad_request(str(error), "budget") from None
+        largest = self.config.max_rows - 1 - lookup
+        if isinstance(budget, int) and not 1 <= budget <= largest:
+            raise bad_request(
+                f"budget must be between 1 and {largest} on this server (its --max-rows "
+                f"{self.config.max_rows} holds the tree, the root and {lookup} lookup tokens), "
+                f"got {budget}",
+                "budget",
+            )
+        key = (method, budget)
+        builder = self._builders.get(key)
+        if builder is None:
+            try:
+                builder = make_builder(method, budget=budget)
+            except ArborError as error:
+                raise bad_request(str(error), "method" if body.method else "budget") from None
+            self._builders[key] = builder
+            while len(self._builders) > MAX_BUILDERS:
+                self._builders.popitem(last=False)
+        else:
+            self._builders.move_to_end(key)
+        return builder
 
     def _batch_request(self, body, ids: list[int]) -> tuple[BatchRequest, tuple[str, ...]]:
         c = self.config
@@ -327,10 +363,10 @@ class Service:
         )
         if asked is not None and not 1 <= asked <= c.max_tokens:
             raise bad_request(f"{param} must be between 1 and {c.max_tokens}, got {asked}", param)
-        builder = self._builder(body)
-        lookup = 0
-        if builder is not None:
-            lookup = body.lookup if body.lookup is not None else self.generator.settings.lookup
+        lookup = body.lookup if body.lookup is not None else self.generator.settings.lookup
+        builder = self._builder(body, lookup)
+        if builder is None:
+            lookup = 0
         depth = (max(builder.depth_limit, lookup) + 1) if builder is not None else 0
         room = self.context - len(ids) - depth
         if asked is None:
@@ -391,6 +427,10 @@ class Service:
             id=prefix + secrets.token_hex(12),
         )
 
+    async def prepare_async(self, body: ChatRequest | CompletionRequest) -> Prepared:
+        """`prepare` on the preparing thread (module docstring), awaited from the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._preparer, self.prepare, body)
+
     def submit(self, prepared: Prepared) -> Ticket:
         """Hand a prepared request to the engine; 429 when the batch and the queue are full."""
         try:
@@ -424,12 +464,12 @@ class Service:
                 if stream.stopped:  # a stop string the engine's check did not see (rare)
                     self.engine.cancel(ticket)
             result = ticket.result
-            if result.stop_reason == "error":
+            if result.stop_reason == "error":  # the details go to the log only
                 error = ticket.handle.error
-                log.error("request %s failed: %r", prepared.id, error)
+                log.error("request %s failed", prepared.id, exc_info=error)
                 raise APIError(
                     500,
-                    f"the request failed in the engine: {error!r}",
+                    f"the request {prepared.id} failed in the engine: see the server's log",
                     "server_error",
                     "internal_error",
                 )
