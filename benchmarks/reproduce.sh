@@ -18,12 +18,22 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 16 17 18 19 20 21 22 23 24 25 26 27 28 29} "
+STEPS=" ${*:-1 2 3 4 5 6 8 9 10 11 12 13 14 16 17 18 19 20 24 28 29 30} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
 say() { echo "== $MODE step $1: $2 ($(date -u +%H:%M:%S))" >&2; }
 resume() { [[ ${RESUME:-0} == 1 ]] && echo --resume || true; }
+
+# llama-cpp-python in the benchmark's environment, built when missing (~10 min on 2 cores) for AVX-512
+# without llama.cpp's AMX kernels: where the CPU reports AMX, a native build's AMX path crashes in its
+# first decode.
+llama_cpp_python() {
+  $P -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+    -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+    .venv/bin/pip install "llama-cpp-python==0.3.36"
+}
 
 # bench NAME ARGS...: one `arborspec bench` run into runs/, then its report, summary and the two plots a
 # reader looks at into benchmarks/results/NAME/ (the per-step records stay in runs/).
@@ -101,7 +111,7 @@ fi
 if run 1; then
   say 1 "Sequoia calibration and shape"
   $A calibrate --dtype int8 --temperature 0.6 --out "$RUNS/sequoia-calibration.json"
-  $A sequoia-shape "$RUNS/sequoia-calibration.json" --size 4 --depth 4 --out "$RES/sequoia-shape-4.json"
+  $A dev sequoia-shape "$RUNS/sequoia-calibration.json" --size 4 --depth 4 --out "$RES/sequoia-shape-4.json"
 fi
 # 2. The README table: int8 target, 24 MT-Bench questions (3 per category) x 128 tokens, every method at
 #    4 draft nodes with context lookup, the int8 CPU default (DySpec 1 + lookup), DySpec 3 + lookup (the
@@ -135,8 +145,6 @@ if run 6; then
   bench validation-sizes-t06 $V --temperatures 0.6 -m dyspec:budget=1:lookup=6 \
     -m dyspec:budget=2:lookup=6 -m dyspec:budget=3:lookup=6
 fi
-# 7. What a forward of n rows costs, float32 and int8 (why small trees pay on a CPU).
-run 7 && say 7 "cost of a forward by rows" && $P benchmarks/tools/cost_paths.py --out "$RES/cost-paths.json"
 # 8. What the int8 target gives up against float32.
 run 8 && say 8 "int8 quality" && $P benchmarks/tools/int8_quality.py --out "$RES/int8-quality.json"
 # 9. The shipped draft head's held-out quality per tree depth, and its cost.
@@ -146,7 +154,7 @@ run 9 && say 9 "draft head quality" && $A draft-quality --draft embedded-head --
 run 10 && say 10 "4,096-token runs" && $P benchmarks/tools/long_runs.py --new-tokens 4096 \
   --out "$RES/long-4096.json"
 # 11. The randomized soak: 10,000 speculative steps on tiny random pairs, every invariant checked.
-run 11 && say 11 "soak" && $A soak --steps 10000 --seed 0 --out "$RES/soak-10000.json"
+run 11 && say 11 "soak" && $A dev soak --steps 10000 --seed 0 --out "$RES/soak-10000.json"
 # 12. Gemma 3 270M, the second built-in target (float32, its own tokenizer and sliding window): 16
 #     MT-Bench questions (2 per category) x 128 tokens, T = 0, the CPU default tree with its shipped
 #     draft head and with the n-gram draft; then two answers of 640 tokens, past its 512-token window.
@@ -175,14 +183,9 @@ run 13 && bench_batch batch-mtbench-int8-c4 --threads 2 --dtype int8 --prompts m
 run 13 && bench_batch batch-mtbench-int8-c8 --threads 2 --dtype int8 --prompts mt-bench --num-prompts 16 \
   --max-new-tokens 128 --temperatures 0 --concurrency 8 --arrival burst,staggered --repeats 3 \
   -m dyspec:budget=1,2,3:lookup=6 -m shared:max_nodes=8:lookup=6
-# 14. What the batch layout costs (holes, padded query rows, one forward vs one per request) and how
-#     often batched greedy decoding on the float32 target equals each request alone.
-if run 14; then
-  say 14 "batch layout and float32 agreement"
-  .venv/bin/python benchmarks/tools/batch_layout.py --out $RES/batch-layout.json --repeats 9
-  .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 --num-prompts 16 --concurrency 8 \
-    --out $RES/batch-agreement-float32.json
-fi
+# 14. How often batched greedy decoding on the float32 target equals each request alone.
+run 14 && say 14 "float32 batch agreement" && $P benchmarks/tools/batch_agreement.py --dtype float32 \
+  --num-prompts 16 --concurrency 8 --out "$RES/batch-agreement-float32.json"
 # 16. The server under load: `arborspec serve` on the int8 embedded pair (server defaults: one shared node
 #     budget; then per-request trees), 16 MT-Bench questions x 128 tokens, T = 0, streamed by 1, 4 and 16 async `openai`
 #     clients in a closed loop; speculative requests against the same server's `speculative: false` ones,
@@ -220,24 +223,12 @@ fi
 #     environment first if it is missing (it builds llama.cpp: ~10 min on 2 cores).
 if run 18; then
   say 18 "llama.cpp beside arborspec"
-  # built for AVX-512 without llama.cpp's AMX kernels: on a VM whose CPU reports AMX, a native build's
-  # AMX path crashed in its first decode
-  $P -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
-    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
-    -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
-    .venv/bin/pip install "llama-cpp-python==0.3.36"
+  llama_cpp_python
   bench llamacpp-int8 --dtype int8 --prompts mt-bench --num-prompts 24 --max-new-tokens 128 \
     --temperatures 0,0.6 --compare-llama-cpp -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6
 fi
-# 19. Where a forward's time goes, float32 and int8, 1 / 4 / 16 rows (operators, modules, Python), and the
-#     kernels a faster path could use instead (float32 linears, float64 attention), one call at a time;
-#     the greedy screen's float32 channels and the int8 prefill's causal flag on MT-Bench text.
-if run 19; then
-  say 19 "forward profile"
-  $P benchmarks/tools/profile_forward.py --out "$RES/forward-profile.json"
-  $P benchmarks/tools/kernel_probes.py --out "$RES/kernel-probes.json"
-  $P benchmarks/tools/screen_prefill_probes.py --out "$RES/screen-prefill-probes.json"
-fi
+# 19. Where a forward's time goes, float32 and int8 (eager), 1 / 4 / 16 rows: operators, modules, Python.
+run 19 && say 19 "forward profile" && $A dev profile forward --threads 2 --out "$RES/forward-profile.json"
 # 20. The sampled trees with context lookup: every method verified by rejection sampling (whose grafted
 #     tokens are judged as point-mass candidates, docs/algorithms.md §9), the same 24 MT-Bench questions
 #     x 128 tokens at T = 0.6, against plain int8 decoding: the README table's T = 0.6 cells of those methods.
@@ -246,45 +237,16 @@ run 20 && say 20 "sampled trees with lookup" && bench mtbench-int8-sampled-looku
   -m chain:budget=4:lookup=6 -m specinfer:budget=4:lookup=6 -m sequoia:shape=$RES/sequoia-shape-4.json:lookup=6 \
   -m dyspec:budget=4:lookup=6 -m dyspec-threshold:budget=4:lookup=6 -m dyspec:budget=3:lookup=6 \
   -m dyspec:budget=1:lookup=6
-# 21. A batched tree forward on the int8 target: trees padded to the largest against packed into one row,
-#     its attention over the grid or a long tree's rows in a call of their own, replayed and eager,
-#     4 and 8 requests, trees of even and uneven sizes.
-run 21 && say 21 "batched forward options" && $P benchmarks/tools/batch_forward_probes.py \
-  --out "$RES/batch-forward-probes.json"
-# 22. Where a step of batched decoding spends its time: 4 clients, the 16 MT-Bench questions x 128
-#     tokens, plain batched decoding against DySpec per request and the shared budget, each step
-#     split by phase (target forward, screen, drafting, admission).
-run 22 && say 22 "batched step split" && $P benchmarks/tools/batch_step_split.py \
-  -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=3 \
-  -m shared:max_nodes=8:lookup=6 --rounds 2 --out "$RES/batch-step-split.json"
-# 23. Plain int8 decoding of the current code against the commit before its forwards were replayed from
-#     traces (docs/algorithms.md §11): five pairs of alternating processes, outputs compared.
-run 23 && say 23 "plain int8 against 9b7dc22" && $P benchmarks/tools/plain_int8_ab.py --base 9b7dc22 \
-  --pairs 5 --out "$RES/plain-int8-ab.json"
 # 24. Where a single-request speculative step spends its time against a plain token (tree forward,
 #     greedy screens or LM-head rows, draft head, the rest), DySpec 1 and 3 + lookup, 8 MT-Bench
 #     questions, T = 0 and T = 0.6.
 if run 24; then
   say 24 "single-request step split"
-  $P benchmarks/tools/step_split.py -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 \
+  $A dev profile steps --threads 2 -m dyspec:budget=1:lookup=6 -m dyspec:budget=3:lookup=6 \
     --out "$RES/step-split.json"
-  $P benchmarks/tools/step_split.py --temperature 0.6 -m dyspec:budget=1:lookup=6 \
+  $A dev profile steps --threads 2 --temperature 0.6 -m dyspec:budget=1:lookup=6 \
     -m dyspec:budget=3:lookup=6 --out "$RES/step-split-t06.json"
 fi
-# 25. What the pieces around the target forward cost, one call at a time: LM-head rows on the transposed
-#     and oneDNN's packed copy, the greedy screen of k rows, one draw by multinomial and by inverse CDF,
-#     the draft head's forward eager and replayed.
-run 25 && say 25 "verification and drafting probes" && $P benchmarks/tools/verify_probes.py \
-  --out "$RES/verify-probes.json"
-# 26. The int8 products through oneDNN's kernel from 48 rows against fbgemm's alone (CPUs with AMX
-#     int8): prompt prefills and batched forwards of many rows, outputs compared bit for bit.
-run 26 && say 26 "int8 kernels by rows" && $P benchmarks/tools/int8_kernel_probes.py \
-  --out "$RES/int8-kernel-probes.json"
-# 27. The int8 target's KV cache in float32 (read as float64 by the attention) against float64 buffers:
-#     replayed batched forwards of 1, 4, 8 and 16 requests with one and several rows each, the hidden
-#     states compared bit for bit; then plain batched decoding of 1, 2, 4 and 8 requests over each.
-run 27 && say 27 "KV cache storage" && $P benchmarks/tools/kv_storage_probes.py \
-  --out "$RES/kv-storage-probes.json"
 # 28. What a draft of acceptance p would give batched decoding at 4 clients: an oracle draft (the
 #     reference token with probability p per position, drafting free) in chains of 1 and 3, beside
 #     the shared budget, DySpec 1 + lookup and a chain of 1 from the draft head, plain interleaved.
@@ -305,6 +267,15 @@ if run 29; then
   NGRAM="-m dyspec:budget=1:lookup=6 -m dyspec:budget=auto:lookup=6"
   bench qwen-ngram-humaneval $QWEN --draft ngram --prompts humaneval --num-prompts 20 $NGRAM
   bench qwen-ngram-mtbench $QWEN --draft ngram --prompts mt-bench --num-prompts 24 $NGRAM
+fi
+# 30. The Qwen pair beside llama.cpp on the same GGUF files and HumanEval prompts, in one run: the
+#     default (int8 target and draft, `budget=auto` + lookup) and plain int8 decoding beside llama.cpp's
+#     plain decoding, its prompt-lookup speculation and its speculation with the 0.5B draft's GGUF.
+if run 30; then
+  say 30 "the Qwen pair beside llama.cpp"
+  llama_cpp_python
+  bench qwen-llamacpp-humaneval --target qwen2.5-coder-1.5b --max-new-tokens 128 --temperatures 0 \
+    --prompts humaneval --num-prompts 20 -m dyspec:budget=auto:lookup=6 --compare-llama-cpp
 fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).

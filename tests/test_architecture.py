@@ -1,9 +1,9 @@
 """The layers of the package: imports only point downwards, and no import cycle.
 
-Layers, lowest first (ARCHITECTURE.md): `errors`; `common/`; `engine/`; `drafters/` and
-`builders/` (side by side: neither imports the other); `catalog` (the built-in models and GGUF files); `models` and `defaults` (side by side);
-`offline/` and `bench/` (side by side: neither imports the other); `api`; `custom_generate` and
-`serve/` (side by side); `cli` and the package's `__init__`. Every import counts, including those inside functions and under
+Layers, lowest first (ARCHITECTURE.md): `errors`; `common/`; `engine/`; `drafters/` and `builders/` (side by side:
+neither imports the other); `catalog` (the built-in models and GGUF files); `models/` and `defaults` (side by side);
+`offline/` and `bench/` (side by side: neither imports the other); `api`; `custom_generate` and `serve/` (side by
+side); `cli` and the package's `__init__`. Every import counts, including those inside functions and under
 `TYPE_CHECKING`.
 """
 
@@ -22,7 +22,7 @@ LAYERS = {
     "engine": 2,
     "drafters": 3, "builders": 3,
     "catalog": 3.5,  # the built-in models and GGUF files, below what loads them
-    "models": 4, "defaults": 4,
+    "models": 4, "defaults": 4,  # models/: names, precision, device_map, hf, pair, loaded, loading
     "offline": 5, "bench": 5,
     "api": 6,
     "custom_generate": 7, "serve": 7,
@@ -88,7 +88,8 @@ def test_the_direction_check_catches_a_violation():
     bad = "from ..builders import make_builder\nfrom .tree import TokenTree\n"
     assert upward_imports("arborspec.engine.bad", imports_in(bad, "arborspec.engine.bad")) == ["arborspec.builders"]
     peer = "def f():\n    from ..bench.prompts import load_prompts\n"
-    assert upward_imports("arborspec.offline.bad", imports_in(peer, "arborspec.offline.bad")) == ["arborspec.bench.prompts"]
+    assert (upward_imports("arborspec.offline.bad", imports_in(peer, "arborspec.offline.bad"))
+            == ["arborspec.bench.prompts"])
     fine = "from ..engine.tree import TokenTree\nfrom .base import require_positive\n"
     assert upward_imports("arborspec.builders.ok", imports_in(fine, "arborspec.builders.ok")) == []
 

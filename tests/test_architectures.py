@@ -19,8 +19,6 @@ import functools
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
-
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.drafters import HeadDrafter, ModelDrafter, NgramDrafter
 from arborspec.engine.adapter import ModelAdapter
@@ -30,6 +28,7 @@ from arborspec.engine.kv_cache import InPlaceLayer
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 from arborspec.models import attention_kernel, load_model
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from conftest import assert_greedy_identical, make_head, perturbed_copy
 
@@ -93,12 +92,12 @@ def build(name: str, seed: int = 0, **over):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target(name: str):
     return build(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def draft(name: str):
     """A copy of the target with a little noise on every weight: of the same family and vocabulary,
     agreeing with the target on about half of its tokens, so that trees get accepted paths whose

@@ -7,18 +7,30 @@ distribution when sampling (greedy identity of every budget=auto builder is test
 
 import pytest
 import torch
-
 from arborspec.builders.auto_size import auto_subtree, best_size, ranking
 from arborspec.builders.registry import make_builder, parse_budget
 from arborspec.drafters import ModelDrafter, NgramDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.cost import CostCurve, measure_cost_curve
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.sampling import GREEDY_DRAFT_TEMPERATURE, ORDERED_VALUE_TEMPERATURE, SamplingConfig, sampling_config
+from arborspec.engine.sampling import (
+    GREEDY_DRAFT_TEMPERATURE,
+    ORDERED_VALUE_TEMPERATURE,
+    SamplingConfig,
+    sampling_config,
+)
 from arborspec.errors import ArborError
 
-from conftest import GREEDY_PROMPTS as PROMPTS, TableDrafter, assert_departs, assert_first_two_follow, assert_follows
-from conftest import random_table, table_ctx
+from conftest import GREEDY_PROMPTS as PROMPTS
+from conftest import (
+    TableDrafter,
+    assert_departs,
+    assert_first_two_follow,
+    assert_follows,
+    on_device,
+    random_table,
+    table_ctx,
+)
 
 # a CPU-like curve (the first extra row is the expensive one) and a steep one (big trees never pay)
 FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.6, 1.7, 1.8, 1.9, 2.5, 3.5), 0.05, 0.05)
@@ -139,7 +151,8 @@ def test_auto_needs_a_cost_curve_and_a_builder_that_offers_it():
 
 
 def _opt_tree(seed, budget):
-    return make_builder("opt-tree", budget=budget, delta=0.0).build(table_ctx(TableDrafter(random_table(12, seed, power=2.0), 12), seed), 0)
+    drafter = TableDrafter(random_table(12, seed, power=2.0), 12)
+    return make_builder("opt-tree", budget=budget, delta=0.0).build(table_ctx(drafter, seed), 0)
 
 
 def test_auto_subtree_keeps_everything_on_a_free_curve_and_refuses_sampled_trees():
@@ -151,8 +164,9 @@ def test_auto_subtree_keeps_everything_on_a_free_curve_and_refuses_sampled_trees
         auto_subtree(_dyspec_tree(1, 10), free, 3)
 
 
-def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair):
-    target, draft = tiny_pair
+def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair, device):
+    """The curve is timed on the device the target runs on (on a GPU, synchronised)."""
+    target, draft = (on_device(model, device) for model in tiny_pair)
     dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder("dyspec", budget="auto"))
     cfg = DecodeConfig(max_new_tokens=8)
     first = dec.generate(PROMPTS[0], cfg)
@@ -164,7 +178,8 @@ def test_auto_measures_the_cost_curve_once_and_relearns_the_overhead(tiny_pair):
     second = dec.generate(PROMPTS[1], cfg)
     assert second.config["step_overhead"] == round(curve.step_overhead, 4)  # sized with what the first taught
     # the measured curve itself is kept; only the overhead is learnt again, from the latest generation
-    assert (dec.cost.tokens, dec.cost.relative, dec.cost.one_token_s) == (curve.tokens, curve.relative, curve.one_token_s)
+    assert ((dec.cost.tokens, dec.cost.relative, dec.cost.one_token_s)
+            == (curve.tokens, curve.relative, curve.one_token_s))
     assert dec.cost.step_overhead == pytest.approx(curve.with_overhead_of(second.steps).step_overhead)
 
 
@@ -254,14 +269,16 @@ def test_cost_curve_keeps_each_sizes_fastest_round(tiny_pair, monkeypatch):
 
     monkeypatch.setattr(cost, "median_seconds", fake_seconds)
     target, _ = tiny_pair
-    sizes, relative, one = cost.measure_target_times(ModelAdapter(target), list(range(5, 21)), sizes=(1, 4, 8), repeats=2)
+    sizes, relative, one = cost.measure_target_times(ModelAdapter(target), list(range(5, 21)), sizes=(1, 4, 8),
+                                                     repeats=2)
     assert sizes == [1, 4, 8] and len(calls) == 9
     assert relative == pytest.approx([1.0, 1.3, 1.6]) and one == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- draft temperature at T = 0
 def test_draft_temperature_is_the_draft_side_at_greedy_only():
-    assert SamplingConfig(0.0).draft_side() == SamplingConfig(0.0, draft_temperature=GREEDY_DRAFT_TEMPERATURE).draft_side()
+    greedy_draft = SamplingConfig(0.0, draft_temperature=GREEDY_DRAFT_TEMPERATURE)
+    assert SamplingConfig(0.0).draft_side() == greedy_draft.draft_side()
     assert SamplingConfig(0.0, draft_temperature=0.4).draft_side().temperature == 0.4
     assert SamplingConfig(0.7, draft_temperature=0.4).draft_side() == SamplingConfig(0.7, draft_temperature=0.4)
     assert sampling_config(False, 1.0, draft_temperature=0.3).draft_side().temperature == 0.3
@@ -283,7 +300,8 @@ def test_ordered_draws_take_the_most_likely_tokens_and_stay_greedy_identical(tin
     builder = make_builder(name, budget=8)
     base = autoregressive_generate(ModelAdapter(target), PROMPTS[0], DecodeConfig(max_new_tokens=20)).output_ids
     cfg = DecodeConfig(max_new_tokens=20, sampling=SamplingConfig(0.0, draft_temperature=0.0))
-    assert SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder).generate(PROMPTS[0], cfg).output_ids == base
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), builder)
+    assert dec.generate(PROMPTS[0], cfg).output_ids == base
     drafter = ModelDrafter(draft)
     ctx = DraftContext(drafter, cfg.sampling.draft_side(), torch.Generator().manual_seed(0), drafter.begin(PROMPTS[0]))
     tree = builder.build(ctx, PROMPTS[0][-1])
@@ -344,7 +362,8 @@ def test_acceptance_model_starts_at_face_value_and_learns_exact_rates():
 
     model = AcceptanceModel(prior=4.0, rank_prior=8.0)
     assert model.rate(0.3) == pytest.approx(0.3) and model.rate(0.3, 2) == pytest.approx(0.3)
-    model.update([0.3] * 6 + [0.95] * 2, [True, False, False, False, False, False, True, True], [0, 0, 1, 1, 2, 3, 0, 0])
+    model.update([0.3] * 6 + [0.95] * 2, [True, False, False, False, False, False, True, True],
+                 [0, 0, 1, 1, 2, 3, 0, 0])
     pooled = (1 + 4 * 0.3) / (6 + 4)  # bucket (0.2, 0.35] over all ranks: 0.22
     assert model.rate(0.3, 0) == pytest.approx((1 + 8 * pooled) / (2 + 8))  # 1st children: 1 of 2 accepted
     assert model.rate(0.3, 1) == pytest.approx((0 + 8 * pooled) / (2 + 8))  # 2nd: 0 of 2
@@ -386,7 +405,8 @@ def test_growth_rule_prices_the_best_prefix_with_the_forwards_paid_now():
     for node in range(1, 5):
         stop.add(tree.subtree(list(range(1, node + 1))), node)
     for forwards in (0, 1, 3):
-        assert stop.best(forwards) == pytest.approx(max(e / FLAT.step_cost(k, forwards) for k, e in enumerate(stop.prefix)))
+        best = max(e / FLAT.step_cost(k, forwards) for k, e in enumerate(stop.prefix))
+        assert stop.best(forwards) == pytest.approx(best)
     assert stop.best(3) < stop.best(0)
 
 

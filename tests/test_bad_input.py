@@ -3,17 +3,17 @@
 import importlib.util
 
 import pytest
-from typer.testing import CliRunner
-
-from arborspec.engine.adapter import ModelAdapter
-from arborspec.api import check_same_vocabulary, encode_prompt, sampling_config
-from arborspec.cli import app
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
-from arborspec.drafters import ModelDrafter
-from arborspec.errors import ArborError
-from arborspec.catalog import embedded_gguf_path
-from arborspec.models import load_model
 from arborspec.builders.registry import builder_names, make_builder
+from arborspec.catalog import embedded_gguf_path
+from arborspec.cli import app
+from arborspec.common.chat import encode_prompt
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
+from arborspec.engine.sampling import sampling_config
+from arborspec.errors import ArborError
+from arborspec.models import check_same_vocabulary, load_model
+from typer.testing import CliRunner
 
 from conftest import tiny_llama
 

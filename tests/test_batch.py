@@ -9,8 +9,6 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache
-
 from arborspec import SpeculativeGenerator
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.builders.shared_budget import SharedBudget
@@ -24,12 +22,14 @@ from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.int8 import quantize_int8
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.errors import ArborError
+from transformers import DynamicCache
 
 from conftest import FALSE_ALARM, assert_follows, exact_first_two
 
 EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}, "c2t-chain": {"classifier": "none", "beta": 0.05}}
 # different lengths; the second repeats itself (lookup copies from it); the third has nothing to prefill
-PROMPTS = ([5, 17, 33, 8, 9, 40], [1, 60, 61, 62, 60, 61, 62, 60, 61], [88], [7, 3, 9, 11, 13, 15, 17, 19, 21, 23, 7, 3])
+PROMPTS = ([5, 17, 33, 8, 9, 40], [1, 60, 61, 62, 60, 61, 62, 60, 61], [88],
+           [7, 3, 9, 11, 13, 15, 17, 19, 21, 23, 7, 3])
 GREEDY = DecodeConfig(max_new_tokens=20, sampling=SamplingConfig(0.0), eos_token_ids=(2,))
 
 
@@ -250,7 +250,8 @@ def test_shared_budget_follows_its_budget_and_the_cost(int8_pair, references):
         dec.batch_cost, dec.history = cost, DraftingHistory(cost)
         kinds = []  # whether each step drafted, as the history saw it
         timed = dec.history.timed
-        dec.history.timed = lambda tokens, seconds, drafted: (kinds.append(drafted), timed(tokens, seconds, drafted))
+        dec.history.timed = lambda tokens, seconds, drafted, kinds=kinds, timed=timed: (
+            kinds.append(drafted), timed(tokens, seconds, drafted))
         handles = [dec.submit(BatchRequest(list(p), GREEDY, builder("dyspec", 4))) for p in PROMPTS]
         dec.run()
         assert [h.result.output_ids for h in handles] == references

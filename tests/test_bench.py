@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from arborspec.bench.run import BenchConfig, RunKey, expand_methods, parse_method_spec, run_bench
-from arborspec.errors import ArborError
-from arborspec.bench.metrics import summarize, speedup_vs_baseline
+from arborspec.bench.metrics import speedup_vs_baseline, summarize
 from arborspec.bench.prompts import conversation, load_prompts
-from arborspec.common.chat import encode_messages
 from arborspec.bench.report import PLOTS, read_results, step_overheads, write_report
+from arborspec.bench.run import BenchConfig, RunKey, expand_methods, parse_method_spec, run_bench
+from arborspec.common.chat import encode_messages
+from arborspec.errors import ArborError
 
 from conftest import char_tokenizer, perturbed_copy, tiny_llama
 
@@ -34,9 +33,12 @@ def _run(method, prompt, tokens, wall, steps, same=None, temperature=0.0, budget
 
 
 def _synthetic_records():
-    """Two prompts. Baseline: 10 tokens in 1 s, 100 tokens in 10 s. Method: 4x faster on the first, 2x on the second."""
-    base = [_run("autoregressive", 0, 10, 1.0, _steps([1] * 10, [0] * 10, [0] * 10, [1.0] * 10, [0.0] * 10, [0.1] * 10)),
-            _run("autoregressive", 1, 100, 10.0, _steps([1] * 100, [0] * 100, [0] * 100, [1.0] * 100, [0.0] * 100, [0.1] * 100))]
+    """Two prompts. Baseline: 10 tokens in 1 s, 100 tokens in 10 s. Method: 4x faster on the first, 2x on the
+    second."""
+    base = [_run("autoregressive", 0, 10, 1.0,
+                 _steps([1] * 10, [0] * 10, [0] * 10, [1.0] * 10, [0.0] * 10, [0.1] * 10)),
+            _run("autoregressive", 1, 100, 10.0,
+                 _steps([1] * 100, [0] * 100, [0] * 100, [1.0] * 100, [0.0] * 100, [0.1] * 100))]
     meth = [
         # 10 tokens in 4 steps: accepted 3, 3, 2, 2; trees of 4 nodes, depth 3
         _run("dyspec:budget=4", 0, 10, 0.25, _steps([3, 3, 2, 2], [4] * 4, [3] * 4, [2.5] * 4, [0.01] * 4, [0.04] * 4,
@@ -90,7 +92,8 @@ def test_method_spec_sweeps_cartesian_product():
     labels = [m.label for m in parse_method_spec("sequoia:budget=8,16:max_depth=4,6")]
     assert labels == ["sequoia:budget=8:max_depth=4", "sequoia:budget=8:max_depth=6",
                       "sequoia:budget=16:max_depth=4", "sequoia:budget=16:max_depth=6"]
-    assert [m.label for m in expand_methods(["chain:budget=2,2", "dyspec:budget=4"])] == ["chain:budget=2", "dyspec:budget=4"]
+    labels = [m.label for m in expand_methods(["chain:budget=2,2", "dyspec:budget=4"])]
+    assert labels == ["chain:budget=2", "dyspec:budget=4"]
 
 
 @pytest.mark.parametrize("spec", ["nosuch:budget=4", "dyspec:budget=0", "dyspec:bogus=1", "dyspec:budget",
@@ -306,11 +309,11 @@ def test_interrupt_then_resume_completes_without_duplicates(tiny_dirs, tmp_path,
 
 
 def test_bench_command_options_fail_before_loading(tiny_dirs, tmp_path):
+    from arborspec.cli import app
     from typer.testing import CliRunner
 
-    from arborspec.cli import app
-
-    for args, needle in [(["--temperatures", "0,hot"], "comma-separated"), (["--temperatures", "0,0.6", "--top-p", "0"], "top_p")]:
+    for args, needle in [(["--temperatures", "0,hot"], "comma-separated"),
+                         (["--temperatures", "0,0.6", "--top-p", "0"], "top_p")]:
         result = CliRunner().invoke(app, ["bench", "-m", "dyspec:budget=4", "--out", str(tmp_path / "x"), *args])
         assert result.exit_code == 2 and needle in result.output, result.output
     assert not (tmp_path / "x").exists()
@@ -333,7 +336,8 @@ def test_encode_conversation_without_chat_template(tiny_dirs):
 
 
 def test_results_header_names_the_draft_heads_precision():
-    """The header records a head's precision as run (layer and logits); the report reads old files' logits-only values."""
+    """The header records a head's precision as run (layer and logits); the report reads old files' logits-only
+    values."""
     from types import SimpleNamespace
 
     from arborspec.bench.report import _head_precision

@@ -1,4 +1,4 @@
-"""The concurrency benchmark (`arborspec bench-batch`, bench/concurrency.py): the closed loop's schedule, exact
+"""The concurrency benchmark (`arborspec bench-batch`, bench/batch_*.py): the closed loop's schedule, exact
 records on a tiny int8 pair (token counts, every request identical to plain batched decoding at T = 0), resume after
 Ctrl-C, the report's cells from the records, and one-line errors for bad options."""
 
@@ -11,25 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from arborspec.bench.concurrency import (
+from arborspec.bench.batch_clients import closed_loop
+from arborspec.bench.batch_config import (
     PLAIN,
-    PLOT,
     SEQUENTIAL,
-    CellKey,
     ConcurrencyConfig,
-    closed_loop,
     expand_batch_methods,
     parse_arrivals,
     parse_concurrency,
-    percentile,
-    plan,
-    rotated,
-    run_concurrency,
-    run_figures,
-    summarize_cells,
-    write_concurrency_report,
 )
+from arborspec.bench.batch_report import PLOT, write_concurrency_report
+from arborspec.bench.batch_runner import CellKey, plan, rotated, run_concurrency
+from arborspec.bench.batch_stats import percentile, run_figures, summarize_cells
 from arborspec.bench.report import read_results, write_report
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.sampling import SamplingConfig
@@ -294,16 +287,15 @@ def test_report_pools_repeats_as_ratios_of_totals(tmp_path):
     # `arborspec report` renders it (alone); the single-sequence report refuses it in one line
     with pytest.raises(ArborError, match="bench-batch"):
         write_report([path], tmp_path / "r2")
-    from typer.testing import CliRunner
-
     from arborspec.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["report", str(path), "--out", str(tmp_path / "r3")])
     assert result.exit_code == 0 and (tmp_path / "r3" / "report.md").read_text() == report
 
 
 def test_interrupt_then_resume_runs_only_what_is_missing(tiny_dirs, int8_pair, full_run, tmp_path, monkeypatch):
-    from arborspec.bench import concurrency as bench
+    from arborspec.bench import batch_runner as bench
 
     cfg = dict(concurrency=[1, 2], arrivals=["burst"], sequential=False)
     calls = {"n": 0}
@@ -340,10 +332,9 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tiny_dirs, int8_pair, f
 
 
 def test_ctrl_c_in_the_command_exits_in_one_line(tiny_dirs, tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from arborspec.bench import concurrency as bench
+    from arborspec.bench import batch_runner as bench
     from arborspec.cli import app
+    from typer.testing import CliRunner
 
     def stop(self, *args, **kwargs):
         raise KeyboardInterrupt
@@ -371,9 +362,8 @@ def test_ctrl_c_in_the_command_exits_in_one_line(tiny_dirs, tmp_path, monkeypatc
     (["--temperatures", "0,hot"], "comma-separated"),
 ])
 def test_bench_batch_options_fail_in_one_line_before_loading(tiny_dirs, tmp_path, args, needle):
-    from typer.testing import CliRunner
-
     from arborspec.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["bench-batch", "--target", "nowhere/no-such-model", "--prompts",
                                       str(tiny_dirs / "prompts.jsonl"), "--out", str(tmp_path / "x"), *args])
@@ -383,9 +373,8 @@ def test_bench_batch_options_fail_in_one_line_before_loading(tiny_dirs, tmp_path
 
 
 def test_bench_batch_command_runs_on_tiny_models(tiny_dirs, tmp_path):
-    from typer.testing import CliRunner
-
     from arborspec.cli import app
+    from typer.testing import CliRunner
 
     out = tmp_path / "cli"
     result = CliRunner().invoke(app, [

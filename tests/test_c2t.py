@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import math
 
+import arborspec.builders.c2t_classifier as c2t_classifier
 import pytest
 import torch
-
-import arborspec.builders.c2t_classifier as c2t_classifier
 from arborspec.builders.base import top_children
-from arborspec.builders.c2t_classifier import (C2TClassifier, c2t_features, load_classifier, make_classifier,
-                                               save_classifier, top_entropy)
-from arborspec.engine.adapter import ModelAdapter
-from arborspec.offline.c2t import C2TConfig, C2TDataset, label_tree, train, train_c2t_models
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.drafters import ModelDrafter
-from arborspec.errors import ArborError
+from arborspec.builders.c2t_classifier import (
+    C2TClassifier,
+    c2t_features,
+    load_classifier,
+    make_classifier,
+    save_classifier,
+    top_entropy,
+)
 from arborspec.builders.registry import make_builder
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
+from arborspec.errors import ArborError
+from arborspec.offline.c2t import C2TConfig, C2TDataset, label_tree, train, train_c2t_models
 
 from conftest import TableDrafter, perturbed_copy, table_ctx, tiny_llama
 

@@ -6,17 +6,20 @@ import json
 
 import pytest
 import torch
-
-from arborspec.offline.calibrate import (
-    CalibrationConfig, CalibrationProgress, accepted_child_index, calibrate_models, load_calibration,
-    write_sequoia_shape,
-)
-from arborspec.drafters import ModelDrafter
-from arborspec.errors import ArborError
 from arborspec.builders.registry import make_builder
-from arborspec.engine.sampling import SamplingConfig
 from arborspec.builders.sequoia_dp import tree_score
 from arborspec.builders.shapes import load_shape
+from arborspec.drafters import ModelDrafter
+from arborspec.engine.sampling import SamplingConfig
+from arborspec.errors import ArborError
+from arborspec.offline.calibrate import (
+    CalibrationConfig,
+    CalibrationProgress,
+    accepted_child_index,
+    calibrate_models,
+    load_calibration,
+    write_sequoia_shape,
+)
 
 SMALL = dict(children=6, draws=6, max_new_tokens=12, max_tree_tokens=16, timing_context=32, timing_repeats=2)
 
@@ -130,15 +133,18 @@ def test_ordered_draws_accept_at_the_argmax_rank_of_the_draft():
     assert accepted_child_index(logits, draft, 3, SamplingConfig(0.0), gen, ordered=True) is None
 
 
-def test_interrupted_calibration_resumes_to_the_uninterrupted_result(tiny_pair, tiny_calibration, tmp_path, monkeypatch):
+def test_interrupted_calibration_resumes_to_the_uninterrupted_result(tiny_pair, tiny_calibration, tmp_path,
+                                                                     monkeypatch):
     from arborspec.offline import calibrate as module
 
     target, draft = tiny_pair
     partial = tmp_path / "cal.json.partial"
 
-    def run(cfg=CalibrationConfig(temperature=1.0, **SMALL), ids=prompts(), **kw):
-        return calibrate_models(target, ModelDrafter(draft), ids, cfg, target_name="tiny-t", draft_name="tiny-d",
-                                progress=False, progress_file=partial, **kw)
+    def run(cfg=None, ids=None, **kw):
+        cfg = cfg or CalibrationConfig(temperature=1.0, **SMALL)
+        return calibrate_models(target, ModelDrafter(draft), prompts() if ids is None else ids, cfg,
+                                target_name="tiny-t", draft_name="tiny-d", progress=False,
+                                progress_file=partial, **kw)
 
     real, calls = module.target_logits_along, []
 

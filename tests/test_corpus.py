@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from arborspec.offline.corpus import task_prompts, topic_prompts
 
 PINNED_PYTHON = (3, 11)

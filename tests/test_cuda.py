@@ -1,13 +1,12 @@
-"""The engine on a CUDA GPU: what the CPU suite checks, run where kernels, precisions and devices differ.
+"""The engine on a CUDA GPU, where the CPU suite has no counterpart. (The CPU suite's device-independent
+checks, greedy identity of every builder and drafter in every floating precision, tree logits,
+compaction, `custom_generate`, the measured cost curve, take conftest's `device` and run on a GPU there.)
 
-* greedy speculative output = plain decoding for every registered builder on a tiny pair in float32,
-  float16 and bfloat16 (a tree forward and a one-row forward are different GPU kernels), with a draft
-  model, the n-gram drafter and a draft head, at the GPU's default size with lookup, and with
-  `budget=auto` on a cost curve measured on the device; plain decoding = HF `generate` there;
-* tree logits (eager and on demand) = plain forwards along each node's path, within a tolerance for
-  the dtype that still tells sibling paths apart; compaction = a fresh prefill, also after whole
-  generations (both caches checked after every step);
-* `model.generate(custom_generate=arborspec.generate)` = `model.generate`, greedy, on the device;
+* tree logits (eager and on demand) = plain forwards along each node's path in float16 and bfloat16,
+  within a tolerance for the dtype that still tells sibling paths apart; compaction = a fresh prefill,
+  also after whole generations (greedy and sampled, with lookup);
+* `model.generate(custom_generate=arborspec.generate)` = `model.generate` in float16 and bfloat16;
+* the batch decoder and `arborspec serve`'s service on a float32 target (the CPU suite runs them on int8);
 * the real embedded pair (SmolLM2-135M-Instruct and its shipped draft head) with the device's
   defaults, float32 and float16: greedy output = plain decoding = HF `generate` on MT-Bench-like
   prompts.
@@ -16,31 +15,28 @@ Greedy identity in float16 and bfloat16 allows one thing a float32 run does not:
 part at a rounding tie, a token whose two candidates' logits lie within the dtype's tolerance (a
 tree forward and a one-row forward round differently; an exact float16 tie is decided either way).
 Such a tie is reported as a warning with its logits, and each test bounds how many of its
-generations may end at one (`same_tokens`); any other difference fails with both tokens' logits.
+generations may end at one (conftest `same_tokens`); any other difference fails with both tokens'
+logits.
 
 Every test runs on `ARBORSPEC_TEST_DEVICE` (default "cuda") and is skipped when that device is
-missing; `ARBORSPEC_TEST_DEVICE=cpu` runs the same checks on a CPU (`benchmarks/tools/gpu_run.sh`
-runs this file on the GPU machine).
+missing; `ARBORSPEC_TEST_DEVICE=cpu` runs the same checks on a CPU.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import warnings
-
-import pytest
-import torch
 
 import arborspec
-from arborspec.builders.registry import builder_class, builder_names, make_builder, parameter_names
-from arborspec.drafters import HeadDrafter, ModelDrafter, NgramDrafter, load_head
+import pytest
+import torch
+from arborspec.builders.registry import make_builder
+from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.invariants import CacheCheck
 from arborspec.engine.tree import TokenTree
 
-from conftest import EOS, GREEDY_PROMPTS, perturbed_copy, tiny_llama
+from conftest import EOS, GREEDY_PROMPTS, perturbed_copy, row_logits, same_tokens, tiny_llama, tolerance
 
 DEVICE = os.environ.get("ARBORSPEC_TEST_DEVICE", "cuda")
 
@@ -61,71 +57,24 @@ def _missing(device: str) -> str | None:
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_missing(DEVICE) is not None,
                                                    reason=_missing(DEVICE) or "")]
 
-BUILDERS = builder_names()
-AUTO_BUILDERS = [name for name in BUILDERS if "auto" in parameter_names(builder_class(name))]
-DTYPES = ("float32", "float16", "bfloat16")
-# Random pairs are rarely confident enough for C2T's default threshold, nor have a classifier trained for
-# them: its joint-probability rule with a low threshold (any C2T variant; as in test_greedy_identity).
-EXTRA = {"c2t": {"classifier": "none", "beta": 0.05}, "c2t-chain": {"classifier": "none", "beta": 0.02}}
-
-
-def extra(name: str) -> dict:
-    """Builder parameters a builder needs on the tiny pair."""
-    return EXTRA.get(name, {"classifier": "none", "beta": 0.05} if name.startswith("c2t") else {})
-# (budget, lookup) per run: a single node, a small tree, the papers' 32 nodes with lookup
-RUNS = ((1, 0), (8, 0), (32, 6))
+HALF = ("float16", "bfloat16")
 NEW = 24
-# |tree row - plain row| allowed, times max(1, the row's largest |logit|): float32 leaves summation
-# order; float16 and bfloat16 round every activation (8 and 11 mantissa bits: a few units in the
-# last place after two layers). Sibling paths differ by far more (checked below).
-TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
 
 
 def dev() -> torch.device:
     return torch.device(DEVICE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_target(dtype: str):
     """`tiny_pair`'s target (conftest) on the device in `dtype`."""
     return tiny_llama(0).to(dev(), getattr(torch, dtype))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_draft(dtype: str):
     """A perturbed copy of the target that often agrees with it, on the device in `dtype`."""
     return perturbed_copy(tiny_llama(0), 1, 0.3).to(dev(), getattr(torch, dtype))
-
-
-def row_logits(model, ids: list[int]) -> torch.Tensor:
-    """The model's own next-token logits after `ids` (one plain forward), float32 on the CPU."""
-    with torch.no_grad():
-        return model(torch.tensor([ids], device=dev())).logits[0, -1].float().cpu()
-
-
-def same_tokens(model, prompt: list[int], got: list[int], want: list[int], what="") -> bool:
-    """Assert that `got` = `want`, two greedy continuations of `prompt` by `model`; False when they are
-    identical. One exception, in float16 and bfloat16 only: they may part at a rounding tie, a token
-    where the plain forward's logits of the two tokens lie within the dtype's tolerance (`TOL`; a
-    tree forward and a one-row forward are different kernels and round differently, which decides an
-    exact or near tie either way). Then it warns, saying where, and returns True; the tests bound how
-    many generations may end at a tie, so an identity is still checked. Anything else fails, with
-    both tokens' logits."""
-    if list(got) == list(want):
-        return False
-    i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    if i >= min(len(got), len(want)):
-        raise AssertionError(f"{what}: lengths differ ({len(got)} vs {len(want)}) after {i} equal tokens")
-    row = row_logits(model, list(prompt) + list(want[:i]))
-    top = torch.topk(row, 2)
-    gap = float(row[want[i]] - row[got[i]])
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    where = (f"token {i}: {got[i]} (logit {row[got[i]]:.5f}) instead of {want[i]} (logit "
-             f"{row[want[i]]:.5f}); top-2 gap of the plain row {float(top.values[0] - top.values[1]):.5f}")
-    if dtype != "float32" and abs(gap) <= tolerance(dtype, row):
-        warnings.warn(f"{what}: left the reference at a {dtype} rounding tie, {where}", stacklevel=2)
-        return True
-    raise AssertionError(f"{what}: {where}")
 
 
 _PLAIN: dict = {}
@@ -149,109 +98,7 @@ def hf_greedy(model, prompt, new: int, eos=EOS, pad: int = 0) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def assert_identical(model, drafter, builder, prompts=GREEDY_PROMPTS, new: int = NEW, *, eos=EOS,
-                     cost=None, lookup: int = 0) -> list:
-    """Greedy speculative output = plain decoding prompt by prompt, both caches checked after every
-    step, every committed token accounted to a step (`same_tokens`: in half precision a generation may
-    end at a rounding tie). Returns the decoder, the results and the number of ties."""
-    dec = SpeculativeDecoder(ModelAdapter(model), drafter, builder, cost=cost, lookup=lookup)
-    cfg = DecodeConfig(max_new_tokens=new, eos_token_ids=tuple(eos))
-    results, ties = [], 0
-    for prompt in prompts:
-        check = CacheCheck(dec, len(prompt))
-        spec = dec.generate(list(prompt), cfg, check)
-        want = plain(model, prompt, new, eos)
-        ties += same_tokens(model, prompt, spec.output_ids, want, f"{builder.name} budget {builder.budget} "
-                            f"lookup {lookup} on {prompt}")
-        assert sum(s.accepted_length for s in spec.steps) == len(spec.output_ids)
-        assert check.steps == len(spec.steps)
-        results.append(spec)
-    return dec, results, ties
-
-
-# --------------------------------------------------------------------------- (a) greedy identity
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_plain_decoding_is_hf_generate(dtype):
-    """The reference the identity tests compare with: the adapter's plain decoding = HF `generate` of
-    the same model on the device."""
-    model = tiny_target(dtype)
-    assert next(model.parameters()).device.type == dev().type
-    ties = sum(same_tokens(model, prompt, plain(model, prompt), hf_greedy(model, prompt, NEW), f"{dtype} {prompt}")
-               for prompt in GREEDY_PROMPTS)
-    assert ties <= 1, f"{ties} of {len(GREEDY_PROMPTS)} prompts end at a rounding tie"
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", BUILDERS)
-def test_greedy_identity_with_a_draft_model(name, dtype):
-    model, params = tiny_target(dtype), extra(name)
-    steps, ties = [], 0
-    for budget, lookup in RUNS:
-        _, results, tied = assert_identical(model, ModelDrafter(tiny_draft(dtype)),
-                                            make_builder(name, budget=budget, **params), lookup=lookup)
-        steps, ties = steps + [s for r in results for s in r.steps], ties + tied
-    # a prompt whose plain row holds an exact half-precision tie parts there in every run
-    assert ties < len(RUNS) * len(GREEDY_PROMPTS), f"every generation ends at a rounding tie ({ties})"
-    assert any(s.tree_size > 0 for s in steps)  # trees were verified, not only plain steps
-    assert max(s.accepted_length for s in steps) > 1, "no draft token accepted"  # the draft often agrees
-    assert sum(s.lookup_nodes for s in steps) > 0  # the repeating prompt gave lookup something to graft
-
-
-@pytest.fixture(scope="module")
-def head_for(trained_head, tmp_path_factory):
-    """`make(dtype)`: the draft head trained on the tiny target (conftest), exported for the target's
-    copy on the device in `dtype` and loaded beside it (float layers and logits: int8 is CPU-only)."""
-    heads = {}
-
-    def make(dtype: str):
-        if dtype not in heads:
-            target = tiny_target(dtype)
-            path = tmp_path_factory.mktemp(f"head-{dtype}")
-            trained_head[0].save(path, "tiny", target)
-            head = load_head(path, target, dtype=getattr(torch, dtype))
-            assert {p.device.type for p in head.parameters()} == {dev().type}
-            heads[dtype] = head
-        return HeadDrafter(heads[dtype])
-
-    # prompts of the head's training text, whose continuations it has learnt (its drafts are accepted)
-    make.prompts = [seq.tokens[: seq.prompt_len].tolist() for seq in trained_head[3][:2]]
-    return make
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("drafter", ["ngram", "head"])
-@pytest.mark.parametrize("name", ["dyspec", "chain"])
-def test_greedy_identity_with_ngram_and_head(head_for, name, drafter, dtype):
-    model = tiny_target(dtype)
-    steps, ties = [], 0
-    for budget, lookup in RUNS:
-        if drafter == "ngram":
-            drafts, prompts = NgramDrafter(model.config.vocab_size), GREEDY_PROMPTS
-        else:
-            drafts, prompts = head_for(dtype), GREEDY_PROMPTS + tuple(head_for.prompts)
-        _, results, tied = assert_identical(model, drafts, make_builder(name, budget=budget), prompts,
-                                            lookup=lookup)
-        steps, ties = steps + [s for r in results for s in r.steps], ties + tied
-    assert ties < len(RUNS) * len(prompts), f"every generation ends at a rounding tie ({ties})"
-    assert any(s.tree_size > 0 for s in steps)
-    if drafter == "head":  # on prompts of its training text the head's drafts are accepted
-        assert max(s.accepted_length for s in steps) > 1, "no draft token accepted"
-
-
-@pytest.mark.parametrize("name", AUTO_BUILDERS)
-def test_auto_budget_on_a_cost_curve_measured_on_the_device(name):
-    """`budget=auto` with no curve given: the curve is timed on the device (CUDA synchronised
-    timing), and the auto-sized trees keep the output."""
-    model = tiny_target("float32")
-    builder = make_builder(name, budget="auto")
-    dec, results, _ = assert_identical(model, ModelDrafter(tiny_draft("float32")), builder, lookup=6)
-    curve = dec.cost  # measured on the device by the first generation
-    assert curve is not None and curve.one_token_s > 0 and curve.relative[0] == 1.0
-    assert all(r > 0 for r in curve.relative)
-    assert all(s.tree_size <= builder.budget + 6 for r in results for s in r.steps)
-
-
-# --------------------------------------------------------------------------- (b) tree logits, compaction
+# --------------------------------------------------------------------------- half precision: tree logits, compaction
 def small_tree(root: int) -> tuple[TokenTree, list[int]]:
     """root -> {11 -> {13 -> 41, 14}, 12 -> 40, 15}: siblings at every depth. Returns the tree and the
     nodes at depth 1 and 2."""
@@ -263,11 +110,7 @@ def small_tree(root: int) -> tuple[TokenTree, list[int]]:
     return tree, [a, b, e, c, d, f]
 
 
-def tolerance(dtype: str, ref: torch.Tensor) -> float:
-    return TOL[dtype] * max(1.0, float(ref.abs().max()))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", HALF)
 def test_tree_logits_equal_plain_forwards(dtype):
     model = tiny_target(dtype)
     prefix = [3, 14, 15, 9, 26, 5, 35, 8]
@@ -305,7 +148,7 @@ def assert_caches_close(c1, c2, dtype: str, rows: int | None = None) -> None:
         assert float((v1 - v2).abs().max()) <= tolerance(dtype, v2)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", HALF)
 def test_compaction_equals_a_fresh_prefill(dtype):
     """Prefill 1 2 3 4, verify the tree 5 -> {6 -> 8 -> 9, 7}, keep the root and nodes 6, 8: the cache
     equals a fresh prefill of 1 2 3 4 5 6 8 and not one of 1 2 3 4 5 7 8 (the dropped sibling)."""
@@ -331,7 +174,7 @@ def test_compaction_equals_a_fresh_prefill(dtype):
         assert_caches_close(lm.cache, fresh([1, 2, 3, 4, 5, 7, 8]), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", HALF)
 def test_caches_equal_a_fresh_prefill_after_generations(dtype):
     """After whole speculative generations (greedy and sampled, with lookup), target and draft caches =
     a fresh prefill of the committed tokens; some steps kept several nodes (compaction moved rows), and
@@ -364,9 +207,8 @@ def test_caches_equal_a_fresh_prefill_after_generations(dtype):
     assert sampled_grafts > 0  # sampled trees got lookup nodes too
 
 
-# --------------------------------------------------------------------------- (c) custom_generate
+# --------------------------------------------------------------------------- half precision: custom_generate
 CG_PROMPT = [5, 17, 33, 42, 9, 40, 17, 33]
-PROCESSORS = {"plain": {}, "penalties": {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}}
 
 
 def hf_ids(model, prompt=CG_PROMPT, new: int = 32, **kw) -> torch.Tensor:
@@ -376,22 +218,7 @@ def hf_ids(model, prompt=CG_PROMPT, new: int = 32, **kw) -> torch.Tensor:
                               max_new_tokens=new, **kw)
 
 
-@pytest.mark.parametrize("processors", PROCESSORS)
-@pytest.mark.parametrize("name", BUILDERS)
-def test_custom_generate_equals_generate(name, processors):
-    model = tiny_target("float32")
-    kw = PROCESSORS[processors]
-    want = hf_ids(model, **kw)
-    for draft in (tiny_draft("float32"), "ngram"):
-        out = hf_ids(model, custom_generate=arborspec.generate, method=name, draft=draft, budget=8,
-                     builder_params=extra(name) or None, **kw)
-        assert out.device == want.device and torch.equal(out[0, :len(CG_PROMPT)], want[0, :len(CG_PROMPT)])
-        # float32: no tie allowed
-        same_tokens(model, CG_PROMPT, out[0, len(CG_PROMPT):].tolist(), want[0, len(CG_PROMPT):].tolist(),
-                    f"{name} {processors} {'ngram' if draft == 'ngram' else 'model'}")
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", HALF)
 def test_custom_generate_in_half_precision(dtype):
     """Two prompts x two methods, 16 new tokens: in half precision a generation may end at a rounding tie
     (`same_tokens`), and both methods may meet the same one, so the bound is that not every generation ends at
@@ -410,7 +237,7 @@ def test_custom_generate_in_half_precision(dtype):
     assert ties < 4, "every generation ends at a rounding tie"
 
 
-# --------------------------------------------------------------------------- (e) batches and the server
+# --------------------------------------------------------------------------- float32: batches and the server
 def test_batched_greedy_equals_each_request_alone():
     """The batch decoder on the device, float32: speculative and plain requests in one batch, each request's
     greedy output = plain decoding of its prompt alone."""
@@ -432,9 +259,9 @@ def test_the_server_answers_from_the_device():
     """`arborspec serve`'s service on the device (float32 tiny pair): at temperature 0 the streamed and the
     non-streamed answers are plain decoding's text."""
     import openai
-
     from arborspec import SpeculativeGenerator
     from arborspec.serve import ServeConfig, Service
+
     from conftest import char_tokenizer
     from test_serve import start
 
@@ -457,7 +284,7 @@ def test_the_server_answers_from_the_device():
         server.stop()
 
 
-# --------------------------------------------------------------------------- (d) the embedded pair
+# --------------------------------------------------------------------------- the embedded pair
 # MT-Bench-like first turns: writing, coding, reasoning
 EMBEDDED_PROMPTS = [
     "Draft a professional email seeking your supervisor's feedback on the quarterly financial report "
@@ -479,9 +306,9 @@ def embedded_plain(dtype: str, gen, text: str):
 
 def _embedded_missing() -> str | None:
     """Why the embedded model cannot be loaded here (None: it can: converted, or its GGUF to convert)."""
+    from arborspec.catalog import BUILTIN_DIRS, EMBEDDED_TARGET, cache_root, embedded_gguf_path
     from arborspec.common.gguf import is_converted
     from arborspec.errors import ArborError
-    from arborspec.catalog import BUILTIN_DIRS, EMBEDDED_TARGET, cache_root, embedded_gguf_path
 
     folder = cache_root() / BUILTIN_DIRS[EMBEDDED_TARGET]
     if is_converted(folder):

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import threading
 
+import arborspec
 import pytest
 import torch
-from conftest import (
-    FALSE_ALARM,
-    assert_departs,
-    assert_follows,
-    char_tokenizer,
-    perturbed_copy,
-    tiny_llama,
-)
+from arborspec import ArborError, SpeculativeGenerator
+from arborspec.builders import builder_names
+from arborspec.models import HEAD_BESIDE_MODEL, default_draft_for
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -33,10 +29,15 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import arborspec
-from arborspec import ArborError, SpeculativeGenerator
-from arborspec.builders import builder_names
-from arborspec.models import HEAD_BESIDE_MODEL, default_draft_for
+from conftest import (
+    FALSE_ALARM,
+    assert_departs,
+    assert_follows,
+    char_tokenizer,
+    on_device,
+    perturbed_copy,
+    tiny_llama,
+)
 
 PROMPT = torch.tensor([[5, 17, 33, 2 + 40, 9, 40, 17, 33]])
 # builder parameters a builder needs on tiny models (C2T without a trained classifier)
@@ -74,12 +75,14 @@ def spec(model, ids=PROMPT, method="dyspec", **kw):
 # --------------------------------------------------------------------------- greedy identity
 @pytest.mark.parametrize("processors", PROCESSORS)
 @pytest.mark.parametrize("method", builder_names())
-def test_greedy_equals_generate_for_every_builder(pair, method, processors):
-    target, draft = pair
+def test_greedy_equals_generate_for_every_builder(pair, method, processors, device):
+    target, draft = (on_device(model, device) for model in pair)
     kw = dict(max_new_tokens=32, **PROCESSORS[processors])
-    want = hf(target, **kw)
+    ids = PROMPT.to(device)
+    want = hf(target, ids, **kw)
+    assert want.device == ids.device
     for d in (draft, "ngram"):
-        out = spec(target, method=method, draft=d, budget=6, **kw)
+        out = spec(target, ids, method=method, draft=d, budget=6, **kw)
         assert torch.equal(out, want), (method, processors, d if isinstance(d, str) else "model")
 
 
@@ -363,9 +366,8 @@ def test_default_draft_is_a_head_beside_the_model(pair, tmp_path):
 # --------------------------------------------------------------------------- the embedded target
 @pytest.fixture(scope="module")
 def embedded():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from arborspec.catalog import embedded_target_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = embedded_target_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

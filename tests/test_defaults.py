@@ -7,17 +7,26 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from arborspec.api import SpeculativeGenerator
 from arborspec.cli import app
-from arborspec.defaults import (CPU_BUDGET, DEFAULT_LOOKUP, GPU_BUDGET, INT8_CPU_BUDGET, Defaults, choose,
-                                device_kind, resolve_dtype)
+from arborspec.defaults import (
+    CPU_BUDGET,
+    DEFAULT_LOOKUP,
+    GPU_BUDGET,
+    INT8_CPU_BUDGET,
+    Defaults,
+    choose,
+    config_dtype,
+    device_kind,
+    resolve_dtype,
+    saved_dtype,
+)
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.errors import ArborError
 from arborspec.models import ModelPair
+from typer.testing import CliRunner
 
 from conftest import char_tokenizer, perturbed_copy, tiny_llama
 
@@ -81,6 +90,51 @@ def test_auto_dtype_is_int8_only_for_the_embedded_target_on_a_cpu_without_a_map(
         assert (d.device, d.budget, d.dtype) == ("cpu", 3, "float32"), placement
 
 
+def test_auto_dtype_on_a_gpu_is_the_dtype_the_checkpoint_was_saved_in():
+    asked = []
+
+    def saved():
+        asked.append(True)
+        return "bfloat16"
+
+    for embedded in (True, False):  # a built-in target too: its own saved dtype (float32)
+        d = choose("cuda", embedded, checkpoint=saved)
+        assert (d.dtype, d.budget, d.device) == ("bfloat16", 16, "gpu") and "dtype" in d.chosen
+    assert resolve_dtype("auto", "cuda:1", False, checkpoint=saved) == "bfloat16"
+    assert choose("cpu", False, device_map={"model": 0}, checkpoint=saved).dtype == "bfloat16"
+    assert resolve_dtype("auto", "cpu", False, "0", checkpoint=saved) == "bfloat16"  # mapped to GPU 0
+    read = len(asked)
+    # a CPU, a map that keeps the model on the host, or a given dtype: the checkpoint is never read
+    assert choose("cpu", True, checkpoint=saved).dtype == "int8"
+    assert choose("cpu", False, checkpoint=saved).dtype == "float32"
+    assert choose("cpu", True, device_map="cpu", checkpoint=saved).dtype == "float32"
+    assert resolve_dtype("auto", "cpu", False, {"model": "cpu", "lm_head": "disk"}, checkpoint=saved) == "float32"
+    assert choose("cuda", False, dtype="float16", checkpoint=saved).dtype == "float16"
+    assert resolve_dtype("float32", "cuda", False, checkpoint=saved) == "float32"
+    assert len(asked) == read
+    assert choose("cuda", False).dtype == resolve_dtype("auto", "cuda", False) == "float32"  # nothing to read
+
+
+@pytest.mark.parametrize("written,expected", [
+    ({"dtype": "float16"}, "float16"), ({"dtype": "bfloat16"}, "bfloat16"), ({"dtype": "float32"}, "float32"),
+    ({"torch_dtype": "bfloat16"}, "bfloat16"),  # a config written by an older transformers
+    ({}, "float32"), ({"dtype": "float8_e4m3fn"}, "float32"),  # none, or none that loads as auto here
+])
+def test_the_saved_dtype_is_read_from_the_config_as_transformers_auto_reads_it(tmp_path, written, expected):
+    config = tiny_llama(0).config.to_dict()
+    for key in ("dtype", "torch_dtype"):
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config | written))
+    assert saved_dtype(str(tmp_path)) == expected
+    assert config_dtype(type("Config", (), {"dtype": getattr(torch, expected)})()) == expected
+
+
+def test_a_config_that_cannot_be_read_leaves_float32_and_the_error_to_loading(tmp_path):
+    assert saved_dtype(str(tmp_path / "nowhere")) == "float32"
+    (tmp_path / "config.json").write_text("{not json")
+    assert saved_dtype(str(tmp_path)) == "float32"
+
+
 def test_device_maps_run_on_a_gpu_when_they_name_one_or_a_strategy_finds_one(monkeypatch):
     assert device_kind("cpu") == "cpu" and device_kind("cuda") == device_kind("cuda:1") == "gpu"
     assert device_kind("cpu", {"model.layers.0": 0, "lm_head": "cpu"}) == "gpu"
@@ -88,7 +142,7 @@ def test_device_maps_run_on_a_gpu_when_they_name_one_or_a_strategy_finds_one(mon
     assert device_kind("cpu", "model.layers=cuda:0,lm_head=cpu") == "gpu"
     assert device_kind("cpu", "0") == "gpu"
     for available, kind in ((False, "cpu"), (True, "gpu")):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
         assert device_kind("cpu", "auto") == device_kind("cpu", "balanced") == kind
         assert device_kind("cpu", None, "0=10GiB,cpu=20GiB") == kind  # max_memory alone: auto
     d = choose("cpu", True, device_map="auto")
@@ -131,10 +185,15 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
     mine = SpeculativeGenerator(target="some/model", method="chain", budget=2, lookup=0,
                                 dtype="bfloat16")
     assert seen["args"][3] == "bfloat16" and (mine.builder.budget, mine.decoder.lookup) == (2, 0)
-    gpu = SpeculativeGenerator(device="cuda")
+    gpu = SpeculativeGenerator(device="cuda")  # the embedded target was saved in float32
     assert seen["args"][2:4] == ("cuda", "float32") and gpu.builder.budget == 16
     assert gpu.describe().startswith("dyspec, 16 draft nodes + lookup 6 | target "
                                      "embedded SmolLM2-135M-Instruct (float32, cpu) | ")
+    monkeypatch.setattr("arborspec.api.saved_dtype", lambda path: {"some/model": "bfloat16"}.get(path))
+    hub = SpeculativeGenerator(target="some/model", device="cuda")  # read from its config on a GPU
+    assert seen["args"][2:4] == ("cuda", "bfloat16") and hub.settings.dtype == "bfloat16"
+    SpeculativeGenerator(target="some/model", device="cuda", dtype="float16")
+    assert seen["args"][3] == "float16"
 
 
 def test_the_generator_on_a_given_pair_takes_its_precision_and_stays_exact(tiny):

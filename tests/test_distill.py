@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from arborspec.offline.corpus import distill_prompts
-from arborspec.offline.distill import DistillConfig, check_vocab_match, distill, load_data, load_draft, pca_embedding
 from arborspec.errors import ArborError
 from arborspec.models import SHIPPED_DRAFT_DIR, load_tokenizer
+from arborspec.offline.corpus import distill_prompts
+from arborspec.offline.distill import DistillConfig, check_vocab_match, distill, load_data, load_draft, pca_embedding
 
 PROBES = [
     "Hello, world!",
@@ -39,7 +38,8 @@ def tiny_target(tmp_path_factory, target_tok):
     model = LlamaForCausalLM(cfg)
     path = tmp_path_factory.mktemp("tiny_target")
     model.save_pretrained(path)
-    GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id).save_pretrained(path)
+    GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
+                     pad_token_id=cfg.pad_token_id).save_pretrained(path)
     target_tok.save_pretrained(path)
     return path
 
@@ -82,9 +82,8 @@ def test_distill_end_to_end_on_tiny_target(tmp_path, tiny_target, target_tok):
     assert AutoTokenizer.from_pretrained(out).get_vocab() == target_tok.get_vocab()
     check_vocab_match(target_tok, str(out))
     # the exported fp16 weights (tied LM head) reproduce the trained checkpoint's logits
-    from safetensors.torch import load_file
-
     from arborspec.offline.distill import build_draft
+    from safetensors.torch import load_file
 
     ref = build_draft(cfg, AutoModelForCausalLM.from_pretrained(tiny_target))
     ref.load_state_dict(load_file(str(tmp_path / "work" / "best" / "model.safetensors")), strict=False)
@@ -114,8 +113,8 @@ def test_pca_embedding_keeps_top_directions():
 
 
 def test_vocab_mismatch_is_refused(tmp_path, target_tok):
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     bad = tmp_path / "bad_draft"
     cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -139,10 +138,9 @@ def test_vocab_mismatch_is_refused(tmp_path, target_tok):
 
 
 def test_shipped_draft_matches_embedded_target(target_tok):
-    from transformers import AutoConfig, AutoTokenizer
-
     from arborspec.catalog import embedded_target_dir
     from arborspec.models import resolve_model_path
+    from transformers import AutoConfig, AutoTokenizer
 
     path = Path(resolve_model_path("embedded-draft"))
     assert path == SHIPPED_DRAFT_DIR
@@ -160,7 +158,8 @@ def test_shipped_draft_matches_embedded_target(target_tok):
     for text in PROBES:
         assert dtok(text)["input_ids"] == target_tok(text)["input_ids"]
     msgs = [{"role": "user", "content": "Write a haiku."}]
-    assert dtok.apply_chat_template(msgs, add_generation_prompt=True) == target_tok.apply_chat_template(msgs, add_generation_prompt=True)
+    assert (dtok.apply_chat_template(msgs, add_generation_prompt=True)
+            == target_tok.apply_chat_template(msgs, add_generation_prompt=True))
     draft = load_draft(path, target_tok)  # also runs check_vocab_match
     assert draft.get_input_embeddings().weight.shape[0] == tcfg.vocab_size
     with torch.no_grad():

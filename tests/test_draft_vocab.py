@@ -10,14 +10,12 @@ import json
 
 import pytest
 import torch
-
 from arborspec.builders.registry import make_builder
-from arborspec.drafters import ModelDrafter
-from arborspec.drafters import draft_vocab
+from arborspec.drafters import ModelDrafter, draft_vocab
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.int8 import quantize_int8
+from arborspec.engine.sampling import SamplingConfig
 
 from conftest import assert_first_two_follow, char_tokenizer, perturbed_copy, tiny_llama
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TableDrafter, assert_departs, assert_follows, assert_greedy_identical, perturbed_copy, random_table
-from conftest import table_ctx, tiny_llama
-
 from arborspec.builders.dyspec import DySpecBuilder, DySpecThresholdBuilder
 from arborspec.drafters import Drafter, ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
@@ -15,6 +12,17 @@ from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.engine.verifiers import VERIFIERS
+
+from conftest import (
+    TableDrafter,
+    assert_departs,
+    assert_follows,
+    assert_greedy_identical,
+    perturbed_copy,
+    random_table,
+    table_ctx,
+    tiny_llama,
+)
 
 
 def dyspec_drafter(vocab: int = 5, seed: int = 0, power: float = 3.0) -> TableDrafter:
@@ -260,7 +268,8 @@ def test_first_token_follows_target_on_tiny_model_pair(small_pair, builder):
         assert_departs(first_token_counts(builder, drafter, t_probs, "rejection", 600, untempered), t_probs)
 
 
-@pytest.mark.parametrize("builder", [DySpecThresholdBuilder(threshold=0.08, budget=12), DySpecBuilder(budget=6, max_depth=2)],
+@pytest.mark.parametrize("builder", [DySpecThresholdBuilder(threshold=0.08, budget=12),
+                                     DySpecBuilder(budget=6, max_depth=2)],
                          ids=["threshold", "capped"])
 def test_greedy_decoding_identical_to_target_with_its_own_parameters(tiny_pair, builder):
     """A threshold and a depth cap (the default parameters: tests/test_greedy_identity.py)."""

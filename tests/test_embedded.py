@@ -5,11 +5,11 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from arborspec.api import encode_prompt, eos_ids, load_pair
 from arborspec.builders.registry import builder_names, make_builder
 from arborspec.cli import app
+from arborspec.common.chat import encode_prompt, eos_ids
+from arborspec.models import load_pair
+from typer.testing import CliRunner
 
 from conftest import MODEL_THREADS, assert_greedy_identical
 

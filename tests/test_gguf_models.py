@@ -12,7 +12,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from arborspec.api import SpeculativeGenerator
 from arborspec.catalog import PartedGGUF, int8_by_default
 from arborspec.common.gguf import DIGESTS, file_digest

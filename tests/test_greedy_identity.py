@@ -11,7 +11,9 @@ Axes (BASE: the first value of each):
   depend on the other nodes in the forward: the tree forward and the one-token forward are different
   kernel shapes), int8 (the batch-invariant int8 target; drafts stay float32);
 * lookup: 0 or LOOKUP tokens copied from earlier in the context grafted onto every tree;
-* budget: fixed (budgets 1 and 8) or auto (builders that offer it; a flat and a steep cost curve).
+* budget: fixed (budgets 1 and 8) or auto (builders that offer it; a flat and a steep cost curve);
+* device: the CPU, and a CUDA GPU where one is visible (conftest `device`; int8 runs on a CPU only, and on
+  a GPU a half-precision generation may part at a rounding tie: `same_tokens`).
 
 Every builder runs every pair of axis values (the cases at most two axes away from BASE) and the CPU
 default (CPU_DEFAULT, both budget modes). `make test-fast` keeps the cases at most one axis away from
@@ -25,7 +27,6 @@ import functools
 
 import pytest
 import torch
-
 from arborspec.builders.registry import builder_class, builder_names, make_builder, parameter_names
 from arborspec.drafters import ModelDrafter, NgramDrafter
 from arborspec.drafters.head import HeadDrafter, load_head
@@ -77,25 +78,25 @@ def cases() -> list:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def target_in(precision: str):
-    """The tiny target (`tiny_pair`'s weights) in `precision`."""
+@functools.cache
+def target_in(precision: str, device: str):
+    """The tiny target (`tiny_pair`'s weights) in `precision` on `device`."""
     target = tiny_llama(0)
     if precision == "int8":
         gen = torch.Generator().manual_seed(0)
         return quantize_int8(target, [torch.randint(3, 96, (40,), generator=gen) for _ in range(3)])
-    return target.to(getattr(torch, precision))
+    return target.to(device, getattr(torch, precision))
 
 
-@functools.lru_cache(maxsize=None)
-def draft_model_for(precision: str):
+@functools.cache
+def draft_model_for(precision: str, device: str):
     """A perturbed copy of the target that often agrees with it: in the target's floating precision,
-    float32 beside the int8 target."""
+    float32 beside the int8 target; on `device`."""
     draft = perturbed_copy(tiny_llama(0), 1, 0.3)
-    return draft if precision in ("float32", "int8") else draft.to(getattr(torch, precision))
+    return draft.to(device, torch.float32 if precision == "int8" else getattr(torch, precision))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def int8_draft_model():
     """The perturbed copy in int8 (engine/int8.py), calibrated on its own random tokens."""
     gen = torch.Generator().manual_seed(1)
@@ -105,19 +106,21 @@ def int8_draft_model():
 
 @pytest.fixture(scope="module")
 def drafter_for(trained_head, tmp_path_factory):
-    """`make(kind, precision, target)`: a fresh drafter of `kind` for the target in `precision`."""
+    """`make(kind, precision, target)`: a fresh drafter of `kind` for the target in `precision` (on its
+    device)."""
     heads = {}
 
     def make(kind: str, precision: str, target):
+        device = str(next(target.parameters()).device)
         if kind == "model":
-            return ModelDrafter(draft_model_for(precision))
+            return ModelDrafter(draft_model_for(precision, device))
         if kind == "model-int8":
             drafter = ModelDrafter(int8_draft_model(), int8_logits=True)
             assert drafter.int8_logits
             return drafter
         if kind == "ngram":
             return NgramDrafter(target.config.vocab_size)
-        if (kind, precision) not in heads:
+        if (kind, precision, device) not in heads:
             # exported for this copy of the target: a head refuses a target whose embedding differs
             path = tmp_path_factory.mktemp(f"head-{precision}")
             trained_head[0].save(path, "tiny", target)
@@ -125,15 +128,18 @@ def drafter_for(trained_head, tmp_path_factory):
             head = load_head(path, target, dtype=dtype, int8_logits=kind.startswith("head-int8"),
                              int8_layers=kind == "head-int8")
             assert (head.int8_logits, head.int8_layers) == (kind != "head", kind == "head-int8")
-            heads[kind, precision] = head
-        return HeadDrafter(heads[kind, precision])
+            heads[kind, precision, device] = head
+        return HeadDrafter(heads[kind, precision, device])
 
     return make
 
 
 @pytest.mark.parametrize("name,drafter,precision,lookup,budget", cases())
-def test_greedy_output_is_plain_decoding_and_hf_generate(drafter_for, name, drafter, precision, lookup, budget):
-    target = target_in(precision)
+def test_greedy_output_is_plain_decoding_and_hf_generate(drafter_for, name, drafter, precision, lookup, budget,
+                                                        device):
+    if device != "cpu" and "int8" in (precision, *drafter.split("-")):
+        pytest.skip("int8 runs on a CPU only")
+    target = target_in(precision, device)
     extra = EXTRA.get(name, {})
     if budget == "fixed":
         runs = [(make_builder(name, budget=b, **extra), None) for b in (1, 8)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.lm_head import GreedyScreen, HeadRows, LazyLogits, greedy_token
 
@@ -126,8 +125,8 @@ def test_no_screen_for_half_precision_heads_or_heads_with_a_bias():
 
 def test_rows_computed_ahead_of_the_walk_are_the_rows_read_alone():
     """`LazyLogits.prefetch`: screened tokens of the rows computed ahead = each row's own `argmax`; logits rows
-    computed in one product (oneDNN's packed head) = each row's own up to float32 summation order; a row computed ahead is not
-    computed again; speculative decoding with every row, or none, computed ahead gives plain decoding's
+    computed in one product (oneDNN's packed head) = each row's own up to float32 summation order; a row computed
+    ahead is not computed again; speculative decoding with every row, or none, computed ahead gives plain decoding's
     tokens."""
     import arborspec.engine.decode as decode
     from arborspec.builders.registry import make_builder

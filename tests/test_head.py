@@ -3,18 +3,18 @@ features. Its greedy identity with every builder, in float and int8, is tests/te
 
 import pytest
 import torch
-
+from arborspec.builders.registry import make_builder
+from arborspec.drafters.head import HeadDrafter, load_head
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.errors import ArborError
-from arborspec.drafters.head import HeadDrafter, load_head
-from arborspec.offline.head_data import HeadSequence, _generate_batch, HeadDataConfig, FeatureRecorder
-from arborspec.builders.registry import make_builder
 from arborspec.engine.sampling import SamplingConfig
-from arborspec.offline.train_head import make_batch, train, ttt_mask
 from arborspec.engine.tree import TokenTree
+from arborspec.errors import ArborError
+from arborspec.offline.head_data import FeatureRecorder, HeadDataConfig, HeadSequence, _generate_batch
+from arborspec.offline.train_head import make_batch, train, ttt_mask
 
-from conftest import GREEDY_PROMPTS as PROMPTS, assert_first_two_follow, greedy_sequences, make_head, tiny_llama
+from conftest import GREEDY_PROMPTS as PROMPTS
+from conftest import assert_first_two_follow, greedy_sequences, make_head, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,8 @@ def test_ttt_mask_matches_the_tree_a_depth_two_node_sees():
     assert m[0].tolist() == [False] * 5 + [True, False, False, False, False]
     m3 = ttt_mask(pad, 3, torch.float32)[0, 0] == 0  # [5, 15]
     # pass 3 row 3 = depth-2 node: root row 1, pass-2 row 2, itself
-    assert m3[3].tolist() == [True, True, False, False, False] + [False, False, True, False, False] + [False, False, False, True, False]
+    assert m3[3].tolist() == ([True, True, False, False, False] + [False, False, True, False, False]
+                              + [False, False, False, True, False])
 
 
 def test_make_batch_aligns_features_with_rows():
@@ -283,7 +284,8 @@ def test_c2t_training_data_can_be_collected_with_the_head(target, trained_head):
 def test_the_cost_curve_times_the_head_after_it_observed_the_context(target, trained_head):
     from arborspec.engine.cost import measure_cost_curve, measure_draft_seconds
 
-    curve = measure_cost_curve(ModelAdapter(target), HeadDrafter(trained_head[0]), context_len=16, sizes=(1, 4), repeats=2)
+    curve = measure_cost_curve(ModelAdapter(target), HeadDrafter(trained_head[0]), context_len=16, sizes=(1, 4),
+                               repeats=2)
     assert curve.draft_cost > 0 and curve.context == 16
     with pytest.raises(ValueError, match="target's features"):
         measure_draft_seconds(HeadDrafter(trained_head[0]), list(range(3, 19)), 2)

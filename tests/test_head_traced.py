@@ -4,11 +4,10 @@ and several rows, commits and a reset; two traces in all; greedy output = plain 
 
 import pytest
 import torch
-
+from arborspec.builders.registry import make_builder
 from arborspec.drafters.head import HeadDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.builders.registry import make_builder
 from arborspec.engine.tree import TokenTree
 
 from conftest import make_head, tiny_llama

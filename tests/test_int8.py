@@ -5,19 +5,28 @@ with plain int8 decoding and HF `generate` is tests/test_greedy_identity.py's.""
 
 import copy
 
+import arborspec.engine.int8 as int8_module
 import pytest
 import torch
-
 from arborspec.builders.registry import make_builder
 from arborspec.common.hf_cache import cache_kwargs
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-import arborspec.engine.int8 as int8_module
 from arborspec.engine.batch_target import BatchTarget
-from arborspec.engine.int8 import (ACT_LEVELS, WEIGHT_LEVELS, Int8Group, Int8Linear, activation_maxima,
-                                   int8_rows_product, pack_int8_weight, packed_int8_values, quantize_int8,
-                                   rounded_like_kernel, smooth)
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
+from arborspec.engine.int8 import (
+    ACT_LEVELS,
+    WEIGHT_LEVELS,
+    Int8Group,
+    Int8Linear,
+    activation_maxima,
+    int8_rows_product,
+    pack_int8_weight,
+    packed_int8_values,
+    quantize_int8,
+    rounded_like_kernel,
+    smooth,
+)
 from arborspec.engine.invariant_attention import NAME, attend_float64, float64_attention
 from arborspec.engine.packed_rows import split_width
 from arborspec.engine.sampling import SamplingConfig
@@ -25,8 +34,8 @@ from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 from arborspec.models import load_model, parse_dtype
 
-from conftest import (GREEDY_PROMPTS as PROMPTS, MODEL_THREADS, assert_first_two_follow, assert_greedy_identical, perturbed_copy,
-                      tiny_llama)
+from conftest import GREEDY_PROMPTS as PROMPTS
+from conftest import MODEL_THREADS, assert_first_two_follow, assert_greedy_identical, perturbed_copy, tiny_llama
 
 
 def calibration(vocab: int, n: int = 3, length: int = 40, seed: int = 0) -> list[torch.Tensor]:
@@ -140,7 +149,7 @@ def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
     prompt = torch.randint(3, 96, (12,), generator=gen)
     adapters = [ModelAdapter(target), ModelAdapter(target, trace=False)]
     for adapter in adapters:
-        run(adapter, lambda: adapter.prefill(prompt))
+        run(adapter, lambda adapter=adapter: adapter.prefill(prompt))
     for step, size in enumerate((1, 9, 3, 9, 1)):
         tree = TokenTree.from_root(7 + step)
         for j in range(size - 1):
@@ -148,7 +157,7 @@ def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
         out = []
         for adapter in adapters:
             adapter.capture_hidden(True)
-            _, onednn = run(adapter, lambda: adapter.tree_forward(tree, lazy=True))
+            _, onednn = run(adapter, lambda adapter=adapter, tree=tree: adapter.tree_forward(tree, lazy=True))
             assert onednn == (adapter is adapters[0] and size >= onednn_from), (step, adapter.traced)
             out.append(adapter.last_hidden.clone())
             adapter.compact(adapter.cache_len - size, [adapter.cache_len - size])
@@ -159,14 +168,14 @@ def test_a_replay_picks_the_kernel_by_rows_and_equals_fbgemm(monkeypatch):
     batches = [BatchTarget(ModelAdapter(target)), BatchTarget(ModelAdapter(target, trace=False))]
     for batch in batches:
         for key, ids in prompts.items():
-            run(batch.adapter, lambda: batch.join(key, ids))
+            run(batch.adapter, lambda batch=batch, key=key, ids=ids: batch.join(key, ids))
     for sizes, real in (((4, 1), 5), ((5, 1), 6)):  # packed: 5 and 6 rows
         trees = {key: TokenTree.from_root(9) for key in prompts}
         for j in range(sizes[0] - 1):
             trees["a"].add(0, 30 + j)
         states = []
         for batch in batches:
-            (_, state, width), onednn = run(batch.adapter, lambda: batch.verify_forward(trees))
+            (_, state, width), onednn = run(batch.adapter, lambda batch=batch, trees=trees: batch.verify_forward(trees))
             assert onednn == (batch is batches[0] and real >= onednn_from), (sizes, batch.adapter.traced)
             states.append(state)
             batch.keep({key: [] for key in prompts}, width)
@@ -262,7 +271,8 @@ def test_float64_attention_gives_each_query_row_its_value_alone(q_len):
     key, value = (b[:, :, :length] for b in buffers)  # views of larger buffers, as InPlaceLayer keeps them
     allowed = torch.rand(batch, 1, q_len, length) < 0.7
     allowed[..., -q_len:] = torch.eye(q_len, dtype=torch.bool)
-    mask = torch.zeros(batch, 1, q_len, length, dtype=torch.float64).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    mask = torch.zeros(batch, 1, q_len, length, dtype=torch.float64).masked_fill_(
+        ~allowed, torch.finfo(torch.float32).min)
     grouped = attend_float64(query, key, value, mask, 0.25)
     per_head = attend_float64(query, key, value, mask, 0.25, group_queries=False)
     assert grouped.shape == (batch, q_len, heads, dim)
@@ -308,7 +318,8 @@ def test_int8_forward_is_bitwise_batch_invariant(int8_pair, monkeypatch, onednn_
         for cuts in ([4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [3, 10], [9]):
             cache, parts, start = DynamicCache(), [], 0
             for end in cuts + [16]:
-                parts.append(target.model(ids[:, start:end], **cache_kwargs(target.model, cache), use_cache=True).last_hidden_state[0])
+                out = target.model(ids[:, start:end], **cache_kwargs(target.model, cache), use_cache=True)
+                parts.append(out.last_hidden_state[0])
                 start = end
             assert torch.equal(torch.cat(parts), whole), cuts
 
@@ -361,7 +372,7 @@ def test_int8_is_refused_off_cpu_and_bad_names_list_it(tmp_path):
 def test_embedded_int8_greedy_identity(embedded_int8_pair, method):
     """The embedded target in int8 with its draft head (int8 layer and logits, the CPU pair's default):
     DySpec and OPT-Tree = plain int8 decoding = HF generate of the int8 model, and trees are accepted."""
-    from arborspec.api import encode_prompt, eos_ids
+    from arborspec.common.chat import encode_prompt, eos_ids
 
     pair = embedded_int8_pair
     target = pair.target.model
@@ -374,7 +385,7 @@ def test_embedded_int8_greedy_identity(embedded_int8_pair, method):
 
 @pytest.fixture(scope="module")
 def embedded_int8_pair():
-    from arborspec.api import load_pair
+    from arborspec.models import load_pair
 
     threads = torch.get_num_threads()
     torch.set_num_threads(MODEL_THREADS)  # a real model (conftest)

@@ -5,17 +5,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-
 from arborspec.builders.registry import make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.stats import GenerationInterrupted
 
+from conftest import wait_until
 from test_resume_after_signal import sigint_as_at_a_terminal
 
 PROMPT = [5, 17, 33, 8, 9, 40]
@@ -59,13 +58,18 @@ def test_ctrl_c_in_the_cli_prints_what_was_generated():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from arborspec.cli import app; app()", "generate",
            "Write a very long story about a lighthouse keeper.", "-n", "2000", "--method", "dyspec"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=sigint_as_at_a_terminal,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=sigint_as_at_a_terminal, cwd=Path(__file__).resolve().parents[1])
     os.set_blocking(proc.stdout.fileno(), False)
-    text, deadline = b"", time.time() + 240
-    while len(text.split()) < 5 and time.time() < deadline and proc.poll() is None:  # wait for some streamed words
-        time.sleep(0.2)
+    text = b""
+
+    def words_streamed() -> bool:
+        nonlocal text
+        assert proc.poll() is None, proc.stderr.read().decode()
         text += proc.stdout.read() or b""
+        return len(text.split()) >= 5
+
+    wait_until(words_streamed, 240, lambda: f"5 streamed words (got {text.decode(errors='replace')!r})")
     assert proc.poll() is None, proc.stderr.read().decode()
     proc.send_signal(signal.SIGINT)
     out, errs = proc.communicate(timeout=180)  # the step in flight finishes first (slow on a loaded machine)

@@ -7,15 +7,14 @@ forwards, tree forwards and generations over it equal those over transformers' o
 
 import pytest
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
 from arborspec.engine import kv_cache
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
 from arborspec.engine.int8 import quantize_int8
 from arborspec.engine.kv_cache import InPlaceLayer, new_cache, uses_float64_attention
 from arborspec.engine.tree import TokenTree
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from conftest import tiny_llama
 

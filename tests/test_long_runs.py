@@ -6,7 +6,6 @@ makes the same checks on the embedded target at 4,096 tokens, with memory figure
 """
 
 import pytest
-
 from arborspec.builders.registry import make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from arborspec.builders.registry import make_builder
 from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.cost import CostCurve
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
 from arborspec.engine.lookup import ContextLookup, LookupPrice, graft
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree

@@ -6,11 +6,10 @@ Parametrised over the registry, so a new builder is covered as soon as it is reg
 """
 
 import pytest
-
+from arborspec.builders.registry import builder_names, make_builder
+from arborspec.drafters import ModelDrafter
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate
-from arborspec.drafters import ModelDrafter
-from arborspec.builders.registry import builder_names, make_builder
 from arborspec.engine.sampling import SamplingConfig
 
 from conftest import GREEDY_PROMPTS, assert_first_two_follow
@@ -24,7 +23,8 @@ PROMPT = GREEDY_PROMPTS[0]
 @pytest.mark.parametrize("name", BUILDERS)
 def test_max_new_tokens_is_exact_and_eos_stops(tiny_pair, name):
     target, draft = tiny_pair
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=8, **EXTRA.get(name, {})))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft),
+                             make_builder(name, budget=8, **EXTRA.get(name, {})))
     for n in (1, 2, 7):
         assert len(dec.generate(PROMPT, DecodeConfig(max_new_tokens=n)).output_ids) == n
     # make the 3rd greedy token an EOS: generation must stop right after it
@@ -47,7 +47,8 @@ def test_sampling_follows_target_distribution(small_vocab_pair, name):
     target, draft = small_vocab_pair
     cfg = SamplingConfig(0.8, top_p=0.95)
     prompt = [3, 7, 1, 12]
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), make_builder(name, budget=6, **EXTRA.get(name, {})))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft),
+                             make_builder(name, budget=6, **EXTRA.get(name, {})))
     assert_first_two_follow(dec, target, prompt, cfg, N_RUNS, name, detects=0.1)
 
 

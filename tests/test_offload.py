@@ -8,10 +8,9 @@ own forward. The placement options parse exactly or fail with one-line `ArborErr
 
 import os
 
+import arborspec.models.device_map as device_maps
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from arborspec.builders.registry import make_builder
 from arborspec.cli import app
 from arborspec.drafters import ModelDrafter, NgramDrafter
@@ -23,7 +22,7 @@ from arborspec.engine.placement import execution_device, is_offloaded, materiali
 from arborspec.engine.tree import TokenTree
 from arborspec.errors import ArborError
 from arborspec.models import load_model, parse_device_map, parse_max_memory, placement_kwargs
-import arborspec.models as models
+from typer.testing import CliRunner
 
 from conftest import assert_greedy_identical, greedy_reference, perturbed_copy, tiny_llama
 from test_adapter import COMPACTED_PATH, assert_caches_equal, forward_and_compact
@@ -153,12 +152,12 @@ def test_draft_head_on_a_target_with_its_embedding_and_head_on_disk(saved, tmp_p
 @pytest.fixture
 def no_gpu(monkeypatch):
     """This machine as a CPU-only one, wherever the test runs."""
-    monkeypatch.setattr(models, "_accelerators", lambda: 0)
+    monkeypatch.setattr(device_maps, "_accelerators", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 def test_max_memory_parses_exactly(monkeypatch):
-    monkeypatch.setattr(models, "_accelerators", lambda: 2)
+    monkeypatch.setattr(device_maps, "_accelerators", lambda: 2)
     assert parse_max_memory("0=10GiB,cpu=20GiB") == {0: 10 * GiB, "cpu": 20 * GiB}
     assert parse_max_memory("cpu=2GiB") == {"cpu": 2 * GiB}
     assert parse_max_memory(" CPU = 1.5 GB , cuda:1=512MiB, disk=100") == {"cpu": 1_500_000_000, 1: 512 * 2**20,
@@ -191,7 +190,8 @@ def test_device_map_parses_exactly(no_gpu):
 
 @pytest.mark.parametrize("spec,message", [
     ("cuda", "cuda"), ("cuda:1", "cuda:1"), ("0", "GPU 0"), ("model=cpu,lm_head=cuda:0", "cuda:0"),
-    ("model=cpu,lm_head=2", "GPU 2"), ("disk", "--max-memory cpu="), ("fast", "not a device"), ("lm_head=", "MODULE=DEVICE"),
+    ("model=cpu,lm_head=2", "GPU 2"), ("disk", "--max-memory cpu="), ("fast", "not a device"),
+    ("lm_head=", "MODULE=DEVICE"),
 ])
 def test_bad_device_map_is_one_line(no_gpu, spec, message):
     with pytest.raises(ArborError, match=message) as info:

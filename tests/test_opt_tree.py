@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TableDrafter, assert_departs, assert_follows, perturbed_copy, random_table, table_ctx, tiny_llama
-
-from arborspec.engine.adapter import ModelAdapter
 from arborspec.builders.eagle2 import Eagle2Builder
 from arborspec.builders.opt_tree import OptTreeBuilder, top_subtree
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.drafters import ModelDrafter
-from arborspec.errors import ArborError
+from arborspec.engine.adapter import ModelAdapter
+from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder
 from arborspec.engine.sampling import SamplingConfig
 from arborspec.engine.tree import TokenTree
 from arborspec.engine.verifiers import VERIFIERS
+from arborspec.errors import ArborError
+
+from conftest import TableDrafter, assert_departs, assert_follows, perturbed_copy, random_table, table_ctx, tiny_llama
 
 
 def tied_table(vocab: int, seed: int):
@@ -66,7 +66,8 @@ def test_final_tree_is_a_valid_subtree_with_path_probabilities(name, ties):
         assert tree.size == n
         for i in range(1, tree.num_nodes):
             assert tree.values[i] == pytest.approx(path_prob(drafter, tree.path_tokens(i)), rel=1e-5)
-            assert tree.draft_probs[i] == pytest.approx(float(drafter.dist(tuple(tree.path_tokens(i)[:-1]))[tree.tokens[i]]), rel=1e-5)
+            parent_dist = drafter.dist(tuple(tree.path_tokens(i)[:-1]))
+            assert tree.draft_probs[i] == pytest.approx(float(parent_dist[tree.tokens[i]]), rel=1e-5)
 
 
 def test_eagle2_keeps_the_top_n_of_everything_it_proposed():
@@ -96,7 +97,8 @@ def test_opt_tree_history_is_non_decreasing_and_matches_the_tree():
         history = result.history
         assert history[0] == 1.0 and len(history) >= 2
         assert all(b >= a for a, b in zip(history, history[1:]))
-        assert history[-1] == pytest.approx(result.tree.estimated_accept_length())  # final tree = top n of the work tree
+        # final tree = top n of the work tree
+        assert history[-1] == pytest.approx(result.tree.estimated_accept_length())
         assert builder.grow(table_ctx(drafter_of(6, seed)), 0).history == history  # nothing kept between calls
 
 
@@ -166,7 +168,8 @@ TARGET6 = torch.tensor([0.05, 0.30, 0.05, 0.25, 0.15, 0.20])
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_sample_match_is_lossless_and_rejection_is_not(name):
     drafter = drafter_of(6, 2)
-    builder = OptTreeBuilder(budget=4, delta=0.0, max_depth=2) if name == "opt-tree" else Eagle2Builder(budget=4, topk=3, max_depth=2)
+    builder = (OptTreeBuilder(budget=4, delta=0.0, max_depth=2) if name == "opt-tree"
+               else Eagle2Builder(budget=4, topk=3, max_depth=2))
     # chi-square over 3500 seeds (conftest); laws 0.04 away in total variation are rejected
     assert_follows(first_token_counts(builder, drafter, TARGET6, "sample-match", 3500), TARGET6, detects=0.04)
     assert_departs(first_token_counts(builder, drafter, TARGET6, "rejection", 1500), TARGET6)  # the lossy pairing
@@ -179,7 +182,8 @@ def test_sampled_decoding_on_a_tiny_pair_matches_target_first_token():
     prompt = [1, 3, 7]
     with torch.no_grad():
         t_probs = target(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
-    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft), OptTreeBuilder(budget=4, delta=0.0, max_depth=2))
+    dec = SpeculativeDecoder(ModelAdapter(target), ModelDrafter(draft),
+                             OptTreeBuilder(budget=4, delta=0.0, max_depth=2))
     counts = torch.zeros(16)
     trials = 300
     for seed in range(trials):

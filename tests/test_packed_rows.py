@@ -1,7 +1,6 @@
 """The layout of a packed batched forward (engine/packed_rows.py): exact values on small cases."""
 
 import torch
-
 from arborspec.engine.packed_rows import PackedRows, from_grid, packed, packing, split_width, to_grid
 
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from arborspec.bench.metrics import POOLED, UNCATEGORISED, categories, summarize, summarize_by_category
 from arborspec.bench.prompts import Prompt, load_prompts
 from arborspec.bench.report import CATEGORY_PLOT, PLOTS, category_table, read_results, write_report
-from arborspec.bench.run import (BASELINE, BenchConfig, RunKey, conversation_ids, parse_turns, run_bench,
-                                 turns_to_run)
+from arborspec.bench.run import BASELINE, BenchConfig, RunKey, conversation_ids, parse_turns, run_bench, turns_to_run
 from arborspec.errors import ArborError
 
-from conftest import perturbed_copy, tiny_llama
-from conftest import char_tokenizer
+from conftest import char_tokenizer, perturbed_copy, tiny_llama
 from test_bench import _run, _steps, _synthetic_records, _write_results
 
 
@@ -135,9 +132,8 @@ def test_turns_option():
 
 
 def test_bad_turns_fails_before_loading(tmp_path):
-    from typer.testing import CliRunner
-
     from arborspec.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["bench", "-m", "dyspec:budget=4", "--turns", "two", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--turns must be" in result.output, result.output

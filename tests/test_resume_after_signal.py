@@ -17,16 +17,14 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-
 from arborspec.errors import ArborError
 
-from conftest import char_tokenizer, perturbed_copy, tiny_llama
+from conftest import char_tokenizer, perturbed_copy, tiny_llama, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 INTERRUPTED = 130  # every command's exit status after Ctrl-C (cli.friendly)
@@ -71,11 +69,13 @@ class Command:
 
     def interrupt_when(self, ready: Callable[[], bool], timeout: float = 120) -> str:
         """SIGINT as soon as `ready()`; wait for the exit; return stderr (the exit status is checked)."""
-        deadline = time.time() + timeout
-        while not ready():
-            assert self.proc.poll() is None, f"ended (status {self.proc.returncode}) before it was interrupted:\n{self.stderr}"
-            assert time.time() < deadline, f"nothing written after {timeout} s:\n{self.stderr}"
-            time.sleep(0.05)
+
+        def running_and_ready() -> bool:
+            assert self.proc.poll() is None, (
+                f"ended (status {self.proc.returncode}) before it was interrupted:\n{self.stderr}")
+            return ready()
+
+        wait_until(running_and_ready, timeout, lambda: f"its first work to be written:\n{self.stderr}")
         assert self.proc.poll() is None, f"ended before it was interrupted:\n{self.stderr}"
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(timeout=120)  # the step in flight finishes first
@@ -157,7 +157,8 @@ def test_calibrate_resumes_after_sigint_to_the_uninterrupted_result(tiny, tmp_pa
     assert f"progress kept in {partial}" in errs and not out.exists()
     kept = CalibrationProgress.load(partial)
     assert 1 <= kept.tally.prompts_done and kept.tally.trials == 4 * kept.tally.positions
-    pair, cfg, prompts = (str(tiny / "target"), str(tiny / "draft")), CalibrationConfig(**settings), tiny / "prompts.txt"
+    pair, cfg = (str(tiny / "target"), str(tiny / "draft")), CalibrationConfig(**settings)
+    prompts = tiny / "prompts.txt"
     with pytest.raises(ArborError, match="unfinished calibration: pass --resume"):  # before any model is loaded
         calibrate(*pair, cfg, prompts_file=prompts, out=out)
     with pytest.raises(ArborError, match="draws=4, not 2"):
@@ -172,10 +173,9 @@ def test_calibrate_resumes_after_sigint_to_the_uninterrupted_result(tiny, tmp_pa
 # ---------------------------------------------------------------------------------------------- distill
 @pytest.mark.slow  # CLI subprocesses
 def test_distill_resumes_after_sigint_and_exports_a_loadable_draft(tiny, tmp_path):
+    from arborspec.offline.distill import load_data
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
-
-    from arborspec.offline.distill import load_data
 
     out, work = tmp_path / "draft", tmp_path / "work"
     args = ["distill", "--target", str(tiny / "target"), "--out", str(out), "--work-dir", str(work),
@@ -202,9 +202,8 @@ def test_distill_resumes_after_sigint_and_exports_a_loadable_draft(tiny, tmp_pat
 # ---------------------------------------------------------------------------------------------- train-head
 @pytest.mark.slow  # CLI subprocesses
 def test_train_head_resumes_after_sigint_and_exports_a_loadable_head(tiny, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     from arborspec.drafters.head import load_head
+    from transformers import AutoModelForCausalLM
 
     out, work = tmp_path / "head", tmp_path / "head.work"
     args = ["train-head", "--target", str(tiny / "target"), "--out", str(out), "--num-prompts", "16",

@@ -4,15 +4,21 @@ import itertools
 
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
+from arborspec.engine.sampling import (
+    SamplingConfig,
+    gumbel_like,
+    probs_from_logits,
+    sample_without_replacement,
+    warp_logits,
+)
 from arborspec.errors import ArborError
-from arborspec.engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement, warp_logits
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from conftest import assert_follows
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.6, 8, 0.9), (1.0, 1, 1.0)])
+@pytest.mark.parametrize("temperature,top_k,top_p",
+                         [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.6, 8, 0.9), (1.0, 1, 1.0)])
 def test_warp_matches_hf(temperature, top_k, top_p):
     torch.manual_seed(0)
     logits = torch.randn(4, 50) * 3

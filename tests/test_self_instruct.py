@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from arborspec.errors import ArborError
 from arborspec.offline.head_data import HeadDataConfig, generate_head_data, load_head_data
 from arborspec.offline.self_instruct import user_turn_prefix, write_queries
+
 from conftest import char_tokenizer, tiny_llama
 
 TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}:{{ m['content'] }}</s>{% endfor %}"
@@ -89,7 +89,8 @@ def test_self_instructed_shards_hold_template_prompts_and_answers(chat_tokenizer
 
 
 def test_train_head_stages_use_both_data_parts(chat_tokenizer, tmp_path):
-    """`--self-instruct N`: its shards go to <work>/data-self-instruct, the pool's to <work>/data, training reads both."""
+    """`--self-instruct N`: its shards go to <work>/data-self-instruct, the pool's to <work>/data, training reads
+    both."""
     import json
 
     from arborspec.offline.train_head import HeadTrainConfig, _stages

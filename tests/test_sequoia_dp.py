@@ -6,12 +6,16 @@ import random
 
 import numpy as np
 import pytest
-
-from arborspec.errors import ArborError
 from arborspec.builders.sequoia_dp import (
-    DEFAULT_ACCEPTANCE, choose_size, default_shape, optimal_shape, solve, tree_score,
+    DEFAULT_ACCEPTANCE,
+    choose_size,
+    default_shape,
+    optimal_shape,
+    solve,
+    tree_score,
 )
 from arborspec.builders.shapes import load_shape, save_shape, validate_shape
+from arborspec.errors import ArborError
 
 
 def ordered_trees(nodes: int) -> list[list[tuple[int, ...]]]:

@@ -17,9 +17,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from arborspec.serve import ServeConfig  # noqa: E402
 from arborspec.common.ports import free_port  # noqa: E402
+from arborspec.serve import ServeConfig  # noqa: E402
 
+from conftest import wait_until  # noqa: E402
 from test_serve import LONG, MODEL, NEW, PROMPTS, generator, plain, streamed, tiny_dirs  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow  # a Ray cluster, two replica processes
@@ -34,9 +35,8 @@ def ray_processes() -> set[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_dirs):  # noqa: F811  (the fixture imported from test_serve)
-    from ray import serve
-
     from arborspec.serve import ray_app
+    from ray import serve
 
     gen = generator(tiny_dirs)
     refs = [plain(gen, gen.tokenizer(p)["input_ids"])[0] for p in PROMPTS[:12]]
@@ -105,14 +105,13 @@ def test_a_killed_replica_fails_its_request_and_comes_back(cluster):
         reply = ask(c, i)
         assert reply.choices[0].message.content == refs[i]
         assert reply.model_extra["arborspec"]["replica"] != killed
-    # and Ray Serve replaces the killed one
+    # and Ray Serve replaces the killed one (asked every 0.5 s: each question is a call to the controller)
+    def states() -> dict:
+        return serve.status().applications["arborspec"].deployments["ArborspecReplica"].replica_states
+
     deadline = time.time() + 90
-    while True:
-        states = serve.status().applications["arborspec"].deployments["ArborspecReplica"].replica_states
-        if states.get("RUNNING", 0) == 2:
-            break
-        assert time.time() < deadline, f"the killed replica was not replaced: {states}"
-        time.sleep(0.5)
+    wait_until(lambda: states().get("RUNNING", 0) == 2, 90,
+               lambda: f"Ray Serve to replace the killed replica (replica states {states()})", every=0.5)
     # the proxy learns of the new replica shortly after: concurrent requests reach it
     survivor, seen = reply.model_extra["arborspec"]["replica"], set()
 
@@ -124,9 +123,12 @@ def test_a_killed_replica_fails_its_request_and_comes_back(cluster):
         assert [r.choices[0].message.content for r in replies] == refs[:6]
         return {r.model_extra["arborspec"]["replica"] for r in replies}
 
-    while not seen - {survivor}:
-        assert time.time() < deadline, f"no request reached the new replica: {seen}"
-        seen |= asyncio.run(round_())
+    def new_replica_answered() -> bool:
+        seen.update(asyncio.run(round_()))
+        return bool(seen - {survivor})
+
+    wait_until(new_replica_answered, max(0.0, deadline - time.time()),
+               lambda: f"a request to reach the new replica (replicas that answered: {seen})")
     assert killed not in seen
 
 
@@ -137,9 +139,7 @@ def test_shutdown_leaves_no_ray_process(cluster):
     assert ray_processes() - before  # the cluster runs
     ray_app.stop()
     state["stopped"] = True
-    deadline = time.time() + 30
-    while ray_processes() - before:
-        assert time.time() < deadline, f"Ray processes left: {ray_processes() - before}"
-        time.sleep(0.5)
+    wait_until(lambda: not ray_processes() - before, 30,
+               lambda: f"the Ray processes to end (left: {ray_processes() - before})", every=0.5)
     with pytest.raises(openai.APIConnectionError):
         ask(client(url), 0)

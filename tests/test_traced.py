@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-
 from arborspec.engine.adapter import ModelAdapter
 from arborspec.engine.batch_target import BatchTarget
 from arborspec.engine.decode import DecodeConfig, autoregressive_generate
@@ -167,8 +166,10 @@ def test_a_packed_batch_whose_attention_splits_replays_as_each_tree_alone(int8_t
     split width differ; every request gets the hidden states of its tree alone, replayed, eagerly, and with the
     attention unsplit."""
     prompts = {"a": [5, 17, 33, 8, 9, 40, 11], "b": [12, 70, 3], "c": [60, 61, 62, 1, 44], "d": [9, 9, 30]}
-    patterns = [{"a": tree_of(3, 9, seed=1), "b": tree_of(4, 1, seed=2), "c": tree_of(5, 2, seed=3), "d": tree_of(6, 1, seed=4)},
-                {"a": tree_of(3, 1, seed=5), "b": tree_of(4, 3, seed=6), "c": tree_of(5, 2, seed=7), "d": tree_of(6, 8, seed=8)}]
+    patterns = [{"a": tree_of(3, 9, seed=1), "b": tree_of(4, 1, seed=2), "c": tree_of(5, 2, seed=3),
+                 "d": tree_of(6, 1, seed=4)},
+                {"a": tree_of(3, 1, seed=5), "b": tree_of(4, 3, seed=6), "c": tree_of(5, 2, seed=7),
+                 "d": tree_of(6, 8, seed=8)}]
     variants = {"replayed": (True, True), "eager": (False, True), "unsplit": (True, False)}
     batches = {}
     for name, (trace, splits) in variants.items():

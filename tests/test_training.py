@@ -10,7 +10,6 @@ import signal
 
 import pytest
 import torch
-
 from arborspec.common.atomic import write_atomic
 from arborspec.common.interrupts import DeferredInterrupt
 from arborspec.errors import Interrupted

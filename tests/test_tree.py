@@ -1,7 +1,6 @@
 """TokenTree: structure, positions and the additive tree mask."""
 
 import torch
-
 from arborspec.engine.tree import TokenTree
 
 

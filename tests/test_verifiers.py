@@ -11,13 +11,12 @@ draft's distribution or before the drawn children all fail the same test.
 
 import pytest
 import torch
-
 from arborspec.engine import verifiers
 from arborspec.engine.lookup import graft
-from arborspec.errors import ArborError
 from arborspec.engine.sampling import SamplingConfig, gumbel_like, probs_from_logits, sample_without_replacement
 from arborspec.engine.tree import TokenTree
 from arborspec.engine.verifiers import VERIFIERS, choose_verifier
+from arborspec.errors import ArborError
 
 from conftest import FALSE_ALARM, assert_departs, assert_follows
 

@@ -1,7 +1,8 @@
 """How often batched greedy decoding on a float target gives what each request gives alone
 (docs/algorithms.md §10, "Exactness").
 
-    .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 --out benchmarks/results/batch-agreement-float32.json
+    .venv/bin/python benchmarks/tools/batch_agreement.py --dtype float32 \
+        --out benchmarks/results/batch-agreement-float32.json
 
 The stratified MT-Bench questions (`--num-prompts`), `--max-new-tokens` each, temperature 0: every question
 decoded alone by plain decoding (the reference), then all of them together, `--concurrency` at a time, by plain
@@ -17,7 +18,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from arborspec import SpeculativeGenerator
 from arborspec.bench.prompts import load_prompts
 from arborspec.common.chat import encode_prompt

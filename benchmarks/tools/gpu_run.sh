@@ -146,7 +146,7 @@ if [ "${GPU_RUN_TESTS:-1}" = 1 ]; then
   start=$SECONDS
   # shellcheck disable=SC2086  # GPU_RUN_PYTEST_ARGS is split on purpose
   ARBORSPEC_TEST_DEVICE=$DEVICE timeout -s INT -k 15 "$TEST_TIMEOUT" \
-    "$PY" -m pytest -q tests/test_cuda.py -p no:cacheprovider -rs --junitxml="$OUT/cuda-tests.xml" \
+    "$PY" -m pytest -q -m cuda -p no:cacheprovider -rs --junitxml="$OUT/cuda-tests.xml" \
     ${GPU_RUN_PYTEST_ARGS:-} 2>&1 | tee "$OUT/cuda-tests.txt"
   record tests "${PIPESTATUS[0]}" $((SECONDS - start))
 fi

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from arborspec.bench.prompts import load_prompts
 from arborspec.common.chat import encode_prompt
 from arborspec.common.datafiles import humaneval_file, read_jsonl

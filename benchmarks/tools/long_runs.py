@@ -31,12 +31,16 @@ import time
 from pathlib import Path
 
 import torch
-
 from arborspec.builders import make_builder
 from arborspec.common.chat import encode_prompt
 from arborspec.common.jsonfiles import write_json_atomic
 from arborspec.common.provenance import machine_info, utc_timestamp, versions
-from arborspec.engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
+from arborspec.engine.decode import (
+    DecodeConfig,
+    SpeculativeDecoder,
+    autoregressive_generate,
+    check_context,
+)
 from arborspec.engine.invariants import CacheCheck
 from arborspec.errors import ArborError
 from arborspec.models import load_pair
@@ -171,7 +175,8 @@ def run(args, out: Path) -> int:
     write_json_atomic(report, out)
     print(f"context {report['context']['max_position_embeddings']}: past it fails up front: "
           f"{report['context']['ok']}", file=sys.stderr)
-    record, plain = run_one("autoregressive", lambda cb: autoregressive_generate(pair.target, prompt, cfg, on_tokens=cb),
+    record, plain = run_one("autoregressive",
+                            lambda cb: autoregressive_generate(pair.target, prompt, cfg, on_tokens=cb),
                             None, args.new_tokens, None)
     report["runs"].append({**record, "children_mode": None})
     write_json_atomic(report, out)
@@ -180,8 +185,8 @@ def run(args, out: Path) -> int:
         record, _ = run_one(name, lambda cb, dec=dec: dec.generate(prompt, cfg, on_tokens=cb), plain,
                             args.new_tokens, check)
         base = report["runs"][0]["tokens_per_second"]
-        record.update(children_mode=dec.builder.children_mode, budget=args.budget,
-                      speedup_vs_plain=round(record["tokens_per_second"] / base, 4) if record.get("tokens_per_second") else None)
+        speedup = round(record["tokens_per_second"] / base, 4) if record.get("tokens_per_second") else None
+        record.update(children_mode=dec.builder.children_mode, budget=args.budget, speedup_vs_plain=speedup)
         report["runs"].append(record)
         write_json_atomic(report, out)
     report["ok"] = report["context"]["ok"] and all(r["ok"] for r in report["runs"])
@@ -189,7 +194,8 @@ def run(args, out: Path) -> int:
     for r in report["runs"]:
         print(f"{r['method']}: ok={r['ok']} {r.get('tokens_per_second')} tok/s, {r.get('steps')} steps, accepted "
               f"{r.get('mean_accepted_length')}, identical={r.get('identical_to_plain')}, peak RSS "
-              f"{r['memory'][-1]['peak_rss_mib'] if r['memory'] else None} MiB{', ' + r['error'] if r.get('error') else ''}",
+              f"{r['memory'][-1]['peak_rss_mib'] if r['memory'] else None} MiB"
+              f"{', ' + r['error'] if r.get('error') else ''}",
               file=sys.stderr)
     print(f"written to {out}", file=sys.stderr)
     return 0 if report["ok"] else 1

@@ -33,8 +33,8 @@ import random
 import statistics
 
 import torch
-
-from arborspec.bench.concurrency import closed_loop, expand_batch_methods
+from arborspec.bench.batch_clients import closed_loop
+from arborspec.bench.batch_config import expand_batch_methods
 from arborspec.bench.prompts import conversation, load_prompts
 from arborspec.builders.registry import make_builder
 from arborspec.common.chat import encode_messages, eos_ids

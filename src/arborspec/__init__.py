@@ -6,7 +6,7 @@ when the user does not say), `offline` and `bench`, then this API, `custom_gener
 callable for `model.generate(custom_generate=arborspec.generate)`) and the CLI.
 """
 
-from .api import ModelPair, SpeculativeGenerator, load_pair, pair_from_models
+from .api import SpeculativeGenerator
 from .builders import builder_names, make_builder
 from .builders.shared_budget import SharedBudget
 from .common.provenance import __version__
@@ -18,6 +18,7 @@ from .engine.sampling import SamplingConfig
 from .engine.stats import GenerationResult, StepStats
 from .engine.tree import TokenTree
 from .errors import ArborError
+from .models import ModelPair, load_pair, pair_from_models
 
 __all__ = [
     "ArborError",

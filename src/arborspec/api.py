@@ -24,7 +24,7 @@ from .builders import make_builder
 from .builders.shared_budget import SharedBudget
 from .catalog import EMBEDDED_TARGET, EMBEDDED_TARGET_NAME, int8_by_default
 from .common.chat import encode_prompt, eos_ids
-from .defaults import AUTO, DEFAULT_METHOD, Defaults, choose
+from .defaults import AUTO, Defaults, choose, saved_dtype
 from .drafters import ModelDrafter
 from .engine.batch_decode import BatchDecoder, BatchInterrupted, BatchRequest
 from .engine.decode import DecodeConfig, SpeculativeDecoder, TokenCallback, autoregressive_generate
@@ -34,27 +34,13 @@ from .errors import ArborError
 from .models import (
     ModelPair,
     check_pair,
-    check_same_vocabulary,
     default_draft,
     is_draft_model,
     load_pair,
     pair_from_models,
     planned_draft_precision,
+    resolve_model_path,
 )
-
-# Re-exported: the names API users have imported from here.
-__all__ = [
-    "DEFAULT_METHOD",
-    "ModelPair",
-    "SpeculativeGenerator",
-    "check_same_vocabulary",
-    "default_draft",
-    "encode_prompt",
-    "eos_ids",
-    "load_pair",
-    "pair_from_models",
-    "sampling_config",
-]
 
 
 class SpeculativeGenerator:
@@ -71,7 +57,6 @@ class SpeculativeGenerator:
         dtype: str = AUTO,
         verifier: str | None = None,
         budget: int | str | None = None,
-        reorder_dfs: bool = False,
         pair: ModelPair | None = None,
         device_map: str | dict | None = None,
         max_memory: str | dict | None = None,
@@ -84,8 +69,8 @@ class SpeculativeGenerator:
     ) -> None:
         """`method`, `budget`, `lookup` (None) and `dtype` ("auto") default to the device's choice
         (`arborspec.defaults.choose`: on CPU dyspec with a lookup of 6, int8 for the embedded
-        target, 1 draft node on the int8 target and 3 on a float one; on a GPU 16 draft nodes,
-        float32); a method given without a budget or
+        target, 1 draft node on the int8 target and 3 on a float one; on a GPU 16 draft nodes, in
+        the dtype the target was saved in); a method given without a budget or
         builder parameters gets the device's default budget.
         `device_map` ("auto", a device, or {module: device} with "cpu"/"disk"), `max_memory`
         ("0=10GiB,cpu=20GiB" or a dict) and `offload_folder` place a target larger than memory
@@ -113,6 +98,7 @@ class SpeculativeGenerator:
             lookup=lookup,
             dtype=pair.precision if pair is not None else dtype,
             builder_params=bool(method_params),
+            checkpoint=lambda: saved_dtype(resolve_model_path(target)),
             draft_model=(
                 isinstance(pair.drafter, ModelDrafter)
                 if pair is not None
@@ -150,7 +136,6 @@ class SpeculativeGenerator:
             self.pair.drafter,
             self.builder,
             verifier=verifier,
-            reorder_dfs=reorder_dfs,
             lookup=self.settings.lookup,
         )
 
@@ -168,7 +153,7 @@ class SpeculativeGenerator:
         draft_logits: str = "auto",
         announce: Callable[[str], None] | None = None,
         **method_params: Any,
-    ) -> "SpeculativeGenerator":
+    ) -> SpeculativeGenerator:
         """A generator around a model (and tokenizer) the caller already loaded, in whatever
         precision and placement it has; the model is used as it is and never changed.
 
@@ -256,7 +241,6 @@ class SpeculativeGenerator:
         seed: int = 0,
         chat: bool = True,
         on_tokens: TokenCallback | None = None,
-        draft_temperature: float | None = None,
     ) -> GenerationResult:
         """The plain baseline through the same adapter (same model, same prompt encoding)."""
         cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
@@ -290,7 +274,9 @@ class SpeculativeGenerator:
         cfg = self._config(
             max_new_tokens, do_sample, temperature, top_k, top_p, seed, draft_temperature
         )
-        return self._run_batch(prompts, cfg, chat, True, max_requests, max_rows, shared_budget, on_tokens)
+        return self._run_batch(
+            prompts, cfg, chat, True, max_requests, max_rows, shared_budget, on_tokens
+        )
 
     def generate_autoregressive_batch(
         self,

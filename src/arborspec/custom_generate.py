@@ -28,13 +28,13 @@ A batch of prompts (left padding) is decoded together, one target forward per st
 row (engine/batch_decode.py; row i sampled with seed `seed + i`), each row as its prompt alone
 (its processors see its own tokens, no padding), and padded after its end as `generate` pads
 it; `min_length` / `min_new_tokens`, which count the padded length, are refused for a padded
-batch. `num_beams > 1`,
-`num_return_sequences > 1`, `output_scores`, `output_logits`, `output_attentions` and
-`output_hidden_states` are refused in one line. Extra keywords: `draft` (None: the shipped head for the embedded target, a
-head in `<model dir>/arborspec-head`, else "ngram"; or a head directory, a draft model or its
-name, a `DraftHead`), `method`, `budget`, `lookup`, `verifier`, `draft_logits`,
-`builder_params` (the method's other parameters, a dict) and `seed` (None: drawn from torch's
-global generator, so `torch.manual_seed` makes sampling repeatable).
+batch. `num_beams > 1`, `num_return_sequences > 1`, `output_scores`, `output_logits`,
+`output_attentions` and `output_hidden_states` are refused in one line. Extra keywords: `draft`
+(None: the shipped head for the embedded target, a head in `<model dir>/arborspec-head`, else
+"ngram"; or a head directory, a draft model or its name, a `DraftHead`), `method`, `budget`,
+`lookup`, `verifier`, `draft_logits`, `builder_params` (the method's other parameters, a dict)
+and `seed` (None: drawn from torch's global generator, so `torch.manual_seed` makes sampling
+repeatable).
 
 The caller's model is used as it is and left as it was: no layer swapped, no precision,
 attention implementation or compilation changed, no hook left after the call. What is built

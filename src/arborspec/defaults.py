@@ -3,30 +3,27 @@
 The choice depends on where the target runs and which target it is:
 
 * **CPU**: `dyspec` with a context lookup of up to 6 tokens; 1 draft node on the int8 target,
-  3 on a float target. Chosen on a validation slice of MT-Bench on a 2-core CPU with the embedded
-  pair (docs/evaluation.md (b)): on the int8 target, whose forwards are replayed from traces so
-  that a plain token costs little beyond its weights, 1 node ran 1.19x plain decoding in both
-  runs at T = 0 (2 nodes 1.18x / 1.17x, 3 nodes 1.13x / 1.14x) and 1.15x at T = 0.6 (1.13x,
-  1.11x); in float32 3 nodes ran about 1.08x. Larger trees (the papers' 16-64 nodes) run slower
-  than plain decoding (docs/algorithms.md §7, "The size that pays on a 2-core CPU").
+  3 on a float target: the sizes that ran fastest on a validation slice of MT-Bench on a 2-core
+  CPU with the embedded pair (docs/evaluation.md (b)); the papers' 16-64 nodes run slower than
+  plain decoding there (docs/algorithms.md §7).
 * **CPU, a draft model** (a smaller model of the target's family, in int8 on a CPU): `dyspec` with
   `budget=auto` (at most 32 draft nodes) and the same lookup. A draft model's forward costs a
-  sizeable share of the target's (the 0.5B Qwen2.5-Coder draft about 0.4 of its int8 1.5B target)
-  and it often agrees for many tokens in a row, so the tree's size and depth are chosen each step
-  from both models' measured costs and the acceptance seen so far (builders/auto_size.py); on the
-  Qwen pair it ran ahead of every fixed size tried (docs/evaluation.md (m)).
+  sizeable share of the target's and it often agrees for many tokens in a row, so the tree's size
+  and depth are chosen each step from both models' measured costs and the acceptance seen so far
+  (builders/auto_size.py; docs/evaluation.md (m)).
 * **GPU** (any accelerator): `dyspec` with 16 draft nodes and the same lookup. A GPU verifies
   a few dozen rows for about the price of one, but drafting and building a tree are host work
-  that grows with its size: with the embedded pair in float32, 16 nodes ran 1.55x plain decoding
-  on an H200 (32: 1.42x, 64: 1.10x) and 1.58x on an H100 (8: 1.63x, 32: 1.42x), every output
-  identical (benchmarks/results/gpu-h100/).
+  that grows with its size: 16 nodes is the size that ran near the fastest on both GPUs measured
+  (benchmarks/README.md, "GPU").
 
-Precision `auto`: `int8` (the batch-invariant int8 target, engine/int8.py, the fast path on a
-CPU) for the built-in targets shipped as 4-bit GGUF files of instruction-tuned models (the embedded
-SmolLM2 and the Qwen2.5-Coder pair, `catalog.INT8_BY_DEFAULT`) on CPU without a device map;
-otherwise `float32`. A model the user names stays in the precision asked for (`float32` unless
-told) and is never quantised silently; a draft never changes the output, so a draft model or head
-runs int8 on a CPU unless `--draft-dtype` says otherwise (models.py).
+Precision `auto`: on a CPU, `int8` (the batch-invariant int8 target, engine/int8.py, the fast
+path there) for the built-in targets shipped as 4-bit GGUF files of instruction-tuned models (the
+embedded SmolLM2 and the Qwen2.5-Coder pair, `catalog.INT8_BY_DEFAULT`) without a device map,
+otherwise `float32`; on a GPU, what `transformers` means by `dtype="auto"`: the dtype the
+checkpoint was saved in (its config's `dtype`, `saved_dtype`; float32 for the built-in targets),
+`float32` if it names none. A model the user names is never quantised silently; a draft never
+changes the output, so a draft model or head runs int8 on a CPU unless `--draft-dtype` says
+otherwise (models/precision.py).
 
 Explicit values always win: a method given without a budget gets the device's default budget
 (unless builder parameters given with it define the tree, `builder_params`); a given budget,
@@ -35,10 +32,12 @@ lookup or precision is kept as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from .engine.placement import DEVICE_MAP_STRATEGIES
 from .errors import ArborError
 
 AUTO = "auto"
@@ -47,9 +46,8 @@ CPU_BUDGET = 3  # draft nodes per step on a CPU, float targets (measured)
 INT8_CPU_BUDGET = 1  # draft nodes per step on the int8 target on a CPU (measured, module doc)
 GPU_BUDGET = 16  # draft nodes per step on a GPU (measured, module doc)
 DEFAULT_LOOKUP = 6  # context-lookup tokens grafted per step (measured on CPU)
-# the placement strategies `models.placement_kwargs` takes, and the devices that are not a GPU
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-HOST_DEVICES = ("cpu", "disk")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what `auto` may resolve to on a GPU
+HOST_DEVICES = ("cpu", "disk")  # the devices of a device map that are not a GPU
 
 
 @dataclass(frozen=True)
@@ -93,10 +91,36 @@ def device_kind(
     return "gpu" if any(p.strip().lower() not in HOST_DEVICES for p in places) else "cpu"
 
 
-def default_dtype(kind: str, embedded: bool, placed: bool) -> str:
-    """`auto` resolved (module docstring): int8 for a target that runs int8 by default (`embedded`)
-    on CPU without a device map, else float32."""
-    return "int8" if kind == "cpu" and embedded and not placed else "float32"
+def saved_dtype(path: str) -> str:
+    """The dtype `transformers` loads the model at `path` (a directory or hub id) in with
+    `dtype="auto"`: the one its config names (`config_dtype`); float32 where the config cannot be
+    read (loading the model then says why)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return "float32"
+    return config_dtype(config)
+
+
+def config_dtype(config) -> str:
+    """The floating dtype a model config was saved with (`dtype`, `torch_dtype` in older
+    configs): float32, float16 or bfloat16; float32 where it names none or another."""
+    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(named).removeprefix("torch.") if named is not None else ""
+    return name if name in FLOAT_DTYPES else "float32"
+
+
+def default_dtype(
+    kind: str, embedded: bool, placed: bool, checkpoint: Callable[[], str] | None = None
+) -> str:
+    """`auto` resolved (module docstring): on a CPU, int8 for a target that runs int8 by default
+    (`embedded`) without a device map, else float32; on a GPU, `checkpoint()` (the dtype the
+    target was saved in, `saved_dtype`; read only there), float32 without it."""
+    if kind == "cpu":
+        return "int8" if embedded and not placed else "float32"
+    return checkpoint() if checkpoint is not None else "float32"
 
 
 def choose(
@@ -111,12 +135,14 @@ def choose(
     lookup: int | None = None,
     dtype: str = AUTO,
     builder_params: bool = False,
+    checkpoint: Callable[[], str] | None = None,
 ) -> Defaults:
     """The settings for a target on `device` (placed by `device_map` / `max_memory` if given);
     `embedded`: the target runs int8 by default on a CPU (`catalog.INT8_BY_DEFAULT`); `draft_model`:
     the drafter is a draft model, not a draft head or the n-gram drafter. Given values are kept;
     None (and dtype "auto") take the defaults. `builder_params`: builder parameters were given,
-    so a missing budget is left to the builder."""
+    so a missing budget is left to the builder. `checkpoint`: the dtype the target was saved in,
+    asked only for dtype "auto" on a GPU (`default_dtype`)."""
     kind = device_kind(device, device_map, max_memory)
     placed = device_map is not None or max_memory is not None
     chosen = []
@@ -125,7 +151,7 @@ def choose(
         chosen.append("method")
     auto_dtype = str(dtype).lower() == AUTO
     if auto_dtype:
-        dtype = default_dtype(kind, embedded, placed)
+        dtype = default_dtype(kind, embedded, placed, checkpoint)
     if budget is None and not builder_params:
         if kind != "cpu":
             budget = GPU_BUDGET
@@ -148,12 +174,15 @@ def resolve_dtype(
     embedded: bool = True,
     device_map: str | dict | None = None,
     max_memory: str | dict | None = None,
+    checkpoint: Callable[[], str] | None = None,
 ) -> str:
-    """`dtype` itself unless it is "auto"; then the default for this target and device."""
+    """`dtype` itself unless it is "auto"; then the default for this target and device
+    (`checkpoint` as in `choose`)."""
     if str(dtype).lower() != AUTO:
         return dtype
     return default_dtype(
         device_kind(device, device_map, max_memory),
         embedded,
         device_map is not None or max_memory is not None,
+        checkpoint,
     )

@@ -155,7 +155,7 @@ def summarize(records: list[dict]) -> list[MethodSummary]:
     for r in records:
         groups[(r["method"], float(r["temperature"]))].append(r)
     out = []
-    for (method, temperature), runs in groups.items():
+    for (_method, temperature), runs in groups.items():
         out.append(summarize_method(runs, groups.get((BASELINE, temperature), [])))
     return sorted(out, key=lambda s: (s.temperature, s.method != BASELINE))
 

@@ -22,6 +22,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..common.extras import require_plots
 from ..common.jsonfiles import write_json_atomic
 from ..errors import ArborError
 from .metrics import (
@@ -106,10 +107,10 @@ def load_runs(paths: list[str | Path]) -> tuple[list[dict], list[dict], list[str
     headers, runs, notes = [], [], []
     for i, path in enumerate(paths):
         header, file_runs, file_notes = read_results(path)
-        if header.get("benchmark") == "concurrency":  # bench/concurrency.py
+        if header.get("benchmark") == "concurrency":  # bench/batch_config.BENCHMARK
             raise ArborError(
                 f"{path} holds `arborspec bench-batch` results: `arborspec report` renders it "
-                "alone (bench/concurrency.write_concurrency_report)"
+                "alone (bench/batch_report.write_concurrency_report)"
             )
         headers.append(header)
         notes += file_notes
@@ -229,6 +230,7 @@ def _describe_headers(headers: list[dict], paths: list[str | Path]) -> list[str]
 
 # -------------------------------------------------------------------------------------------- plots
 def _figure(n: int, max_cols: int = 3, width: float = 5.0):
+    require_plots()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -528,9 +530,8 @@ def step_overheads(runs: list[dict], field: str = "step_overhead") -> dict[str, 
 
 
 # ------------------------------------------------------------------------------------------- report
-def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
-    """Tables + plots from saved results; returns the path of `report.md`."""
-    headers, runs, notes = load_runs(list(results_paths))
+def report_dir(out_dir: str | Path) -> Path:
+    """The report's folder, created (one-line error where it cannot be)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -538,6 +539,13 @@ def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
         raise ArborError(
             f"cannot create report dir {str(out)!r} ({exc.strerror or exc}): choose another --out"
         ) from None
+    return out
+
+
+def write_report(results_paths: list[str | Path], out_dir: str | Path) -> Path:
+    """Tables + plots from saved results; returns the path of `report.md`."""
+    headers, runs, notes = load_runs(list(results_paths))
+    out = report_dir(out_dir)
     summaries = summarize(runs)
     plot_vs_budget(summaries, "mean_accepted_length", "accepted length / step", out / PLOTS[0])
     plot_vs_budget(summaries, "speedup", "speedup vs autoregressive", out / PLOTS[1])

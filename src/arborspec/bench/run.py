@@ -29,26 +29,25 @@ sees the same later prompts (`conversation_ids`).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..builders import make_builder, parse_params
-from ..catalog import EMBEDDED_TARGET, embedded_gguf_path
+from ..catalog import EMBEDDED_TARGET, gguf_file, has_gguf_file
 from ..common.chat import encode_messages, eos_ids
 from ..common.progress import progress_bar
-from ..common.provenance import machine_info, utc_timestamp, versions
+from ..common.provenance import utc_timestamp
 from ..common.timing import clock
 from ..drafters import ModelDrafter
 from ..engine.contracts import TreeBuilder
 from ..engine.cost import cost_curve_for
 from ..engine.decode import DecodeConfig, SpeculativeDecoder, autoregressive_generate, check_context
 from ..engine.sampling import SamplingConfig, sampling_config
-from ..errors import ArborError, Interrupted
+from ..errors import ArborError
 from ..models import (
     EMBEDDED_DRAFT,
     SHIPPED_DRAFT_DIR,
@@ -60,13 +59,21 @@ from ..models import (
     load_pair,
     placement_kwargs,
 )
-from .llama_cpp import LLAMA_CPP, LlamaCppPeer
+from .llama_cpp import LLAMA_CPP, LLAMA_CPP_CONTEXT, LlamaCppPeer, is_llama_cpp
 from .prompts import Prompt, conversation, load_prompts
-from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, read_results, write_report
+from .report import BASELINE, HF_ASSISTED, HF_GENERATE, SCHEMA_VERSION, write_report
+from .results import (
+    RecordKey,
+    ResultsFile,
+    check_resume_compatible,
+    open_results,
+    pair_fields,
+    record_missing,
+    record_runs,
+)
 
-RESULTS_NAME = "results.jsonl"
 # Header fields that must match for `resume` to append to an existing results file
-_RESUME_KEYS = (
+RESUME_KEYS = (
     "target",
     "draft",
     "draft_logits",
@@ -149,10 +156,10 @@ class BenchConfig:
             raise ArborError(f"threads must be >= 1, got {self.threads}")
         if self.gguf is not None and not self.compare_llama_cpp:
             raise ArborError("--gguf names the file llama.cpp runs: add --compare-llama-cpp")
-        if self.compare_llama_cpp and self.gguf is None and self.target != EMBEDDED_TARGET:
+        if self.compare_llama_cpp and self.gguf is None and not has_gguf_file(self.target):
             raise ArborError(
-                "--compare-llama-cpp needs the target's GGUF file for a target other than the "
-                "embedded one: give --gguf PATH"
+                "--compare-llama-cpp needs the target's GGUF file for a target that is neither "
+                "built in nor a .gguf path: give --gguf PATH"
             )
         # one-line errors
         SamplingConfig(max(self.temperatures), self.top_k, self.top_p, self.draft_temperature)
@@ -231,24 +238,13 @@ def expand_methods(specs: list[str]) -> list[MethodConfig]:
 
 # ------------------------------------------------------------------------------------------ records
 @dataclass(frozen=True)
-class RunKey:
+class RunKey(RecordKey):
     prompt_index: int
     turn: int
     method: str
     temperature: float
     seed: int
     repeat: int
-
-    @classmethod
-    def of(cls, record: dict) -> "RunKey":
-        return cls(
-            record["prompt_index"],
-            record["turn"],
-            record["method"],
-            float(record["temperature"]),
-            record["seed"],
-            record["repeat"],
-        )
 
 
 def steps_record(steps) -> dict:
@@ -293,71 +289,11 @@ def steps_record(steps) -> dict:
     return cols
 
 
-class ResultsFile:
-    """Append-only JSONL writer: every record is flushed (and fsynced) as soon as it is written."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fh = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self.fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-
-    def close(self) -> None:
-        self.fh.close()
-
-
 def prepare_output(cfg: BenchConfig) -> tuple[Path, dict | None, dict[RunKey, dict]]:
     """Create/check the output dir; with `resume`, read what is there. Returns (path, old
     header, done runs)."""
     path, header, records = open_results(cfg.out_dir, cfg.resume)
     return path, header, {RunKey.of(r): r for r in records}
-
-
-def open_results(out_dir, resume: bool) -> tuple[Path, dict | None, list[dict]]:
-    """The results file in `out_dir` (created, checked writable); with `resume`, its header and
-    finished records (a half-written last line dropped), else an error if it holds results."""
-    out = Path(out_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ArborError(
-            f"cannot write to output dir {str(out)!r} ({exc.strerror or exc}): choose another --out"
-        ) from None
-    path = out / RESULTS_NAME
-    if not path.exists() or path.stat().st_size == 0:
-        return path, None, []
-    if not resume:
-        raise ArborError(
-            f"{path} already holds results: pass --resume to continue that run, or "
-            "choose another --out"
-        )
-    header, records, _ = read_results(path, allow_partial_tail=True, allow_empty=True)
-    _repair_tail(path)
-    return path, header, records
-
-
-def _repair_tail(path: Path) -> None:
-    """Drop a half-written last line (the process was killed mid-write) so appends
-    start on a fresh line."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
-def check_resume_compatible(old: dict, new: dict, path: Path) -> None:
-    for key in _RESUME_KEYS:
-        if old["config"].get(key) != new["config"].get(key):
-            raise ArborError(
-                f"{path} was made with {key}={old['config'].get(key)!r}, not "
-                f"{new['config'].get(key)!r}: resume with the same settings or "
-                "choose another --out"
-            )
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -387,7 +323,7 @@ class _Runner:
             self._assistant() if cfg.compare_hf_assisted else (None, "")
         )
         self.llama = self._llama_cpp() if cfg.compare_llama_cpp else None
-        self.peers = self.hf + ([LLAMA_CPP] if self.llama is not None else [])
+        self.peers = self.hf + (self.llama.labels() if self.llama is not None else [])
         # budget=auto: no fixed size (the label says auto; the report shows the chosen sizes)
         self.budgets = {
             label: None if dec.builder.needs_cost else dec.builder.budget
@@ -396,36 +332,42 @@ class _Runner:
 
     def _assistant(self):
         """transformers' assisted-generation peer: the pair's draft model; for a draft head (which
-        transformers cannot run) the embedded target's distilled draft model; else
-        prompt lookup (None)."""
+        transformers cannot run) the embedded target's distilled draft model where the package
+        has it (a source checkout: the wheel leaves it out); else prompt lookup (None)."""
         if isinstance(self.pair.drafter, ModelDrafter):
             return self.pair.drafter.lm.model, "the draft model as assistant_model"
-        if (
-            self.pair.target_name == EMBEDDED_TARGET
-            and (SHIPPED_DRAFT_DIR / "config.json").is_file()
-        ):
+        draft = self.pair.draft_name
+        not_runnable = f"the pair's draft ({draft}) is not a model transformers can run"
+        embedded = self.pair.target_name == EMBEDDED_TARGET
+        if embedded and (SHIPPED_DRAFT_DIR / "config.json").is_file():
             model = load_model(
                 EMBEDDED_DRAFT, self.pair.target.device, draft_precision(self.cfg.dtype)
             )
             return model, (
-                f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since the "
-                f"pair's draft ({self.pair.draft_name}) is not a model transformers can run"
+                f"the embedded distilled draft ({EMBEDDED_DRAFT}) as assistant_model, since "
+                f"{not_runnable}"
             )
-        return None, (
-            "prompt lookup (prompt_lookup_num_tokens=10), since the pair's draft is not a model "
-            "transformers can run"
+        missing = (
+            f" and the embedded distilled draft ({EMBEDDED_DRAFT}) is only in a source checkout"
+            if embedded
+            else ""
         )
+        return None, f"prompt lookup (prompt_lookup_num_tokens=10), since {not_runnable}{missing}"
 
     def _llama_cpp(self) -> LlamaCppPeer:
-        """llama.cpp on the target's GGUF file (bench/llama_cpp.py), as many threads as torch."""
+        """llama.cpp on the target's GGUF file (bench/llama_cpp.py), and on the draft's when the
+        pair's draft model has one, as many threads as torch."""
         import torch
 
-        gguf = self.cfg.gguf or embedded_gguf_path()
+        gguf = self.cfg.gguf or gguf_file(self.cfg.target)
         return LlamaCppPeer(
             gguf,
             threads=torch.get_num_threads(),
-            context=self.pair.target.max_positions,
+            context=min(self.pair.target.max_positions, LLAMA_CPP_CONTEXT),
             vocab_size=self.pair.target.vocab_size,
+            draft_gguf=gguf_file(self.pair.draft_name)
+            if isinstance(self.pair.drafter, ModelDrafter)
+            else None,
         )
 
     def labels(self) -> list[str]:
@@ -457,8 +399,9 @@ class _Runner:
         dcfg = self.decode_config(temperature, seed, max_new_tokens)
         if label in (HF_GENERATE, HF_ASSISTED):
             return self.hf_generate(label, ids, dcfg)
-        if label == LLAMA_CPP:
+        if is_llama_cpp(label):
             out, wall, stop = self.llama.generate(
+                label,
                 ids,
                 dcfg.max_new_tokens,
                 list(self.eos),
@@ -467,7 +410,7 @@ class _Runner:
                 self.cfg.top_p,
                 seed,
             )
-            return Generated(out, wall, [], stop, {"builder": self.llama.describe()})
+            return Generated(out, wall, [], stop, {"builder": self.llama.describe(label)})
         if label == BASELINE:
             result = autoregressive_generate(self.pair.target, ids, dcfg)
         else:
@@ -583,31 +526,22 @@ def run_bench(cfg: BenchConfig, pair=None, quiet: bool = False) -> Path:
     runner = _Runner(cfg, pair, methods)
     header = _header(cfg, runner)
     if old_header is not None:
-        check_resume_compatible(old_header, header, path)
+        check_resume_compatible(old_header, header, path, RESUME_KEYS)
     first_ids = {
         i: encode_messages(pair.tokenizer, conversation(p, []), cfg.chat)
         for i, p in enumerate(prompts)
     }
     _check_lengths(runner, first_ids)
-    results = ResultsFile(path)
-    interrupted = False
-    try:
+
+    def runs(results: ResultsFile) -> None:
         if old_header is None:
             results.write(header)
         elif cfg.compare_hf_assisted:
             results.write(_hf_note(runner))
         _warm_up(runner, first_ids[0], quiet)
         _sweep(runner, prompts, first_ids, done, results, quiet)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        results.close()
-    _finish(path, Path(cfg.out_dir), quiet)
-    if interrupted:
-        raise Interrupted(
-            f"interrupted; finished runs kept in {path}; rerun with --resume to continue"
-        )
-    return path
+
+    return record_runs(path, Path(cfg.out_dir), runs, _write_report, quiet)
 
 
 def _check_lengths(runner: _Runner, first_ids: dict[int, list[int]]) -> None:
@@ -637,11 +571,7 @@ def _header(cfg: BenchConfig, runner: _Runner) -> dict:
         "schema": SCHEMA_VERSION,
         "config": cfg.to_json(),
         "methods": methods,
-        "versions": versions(),
-        "device": str(runner.pair.target.device),
-        "machine": machine_info(),
-        "target": runner.pair.target_name,
-        "draft": runner.pair.draft_name,
+        **pair_fields(runner.pair),
         "draft_logits": _draft_logits(runner.pair.drafter),
         "cost_curve": cost_curve_for(
             runner.pair.target, runner.pair.drafter, greedy=cfg.temperatures[0] == 0
@@ -677,10 +607,12 @@ def _hf_note(runner: _Runner) -> dict:
 
 
 def _llama_note(runner: _Runner) -> str:
+    llama = runner.llama
+    runs = "; ".join(f"`{label}`: {llama.describe(label)}" for label in llama.labels())
     return (
-        f"{LLAMA_CPP}: {runner.llama.describe()}, the same prompt tokens; a different model "
-        "numerically (4-bit weights, 8-bit activations), so its tokens are not compared with "
-        "plain decoding's."
+        f"{runs}. The same prompt tokens; a different model numerically (its GGUF's weights, "
+        "8-bit activations), so its tokens are not compared with plain decoding's: its "
+        "speculative runs' 'greedy identical' compares them with its own plain runs."
     )
 
 
@@ -717,11 +649,11 @@ def _sweep(
     plan = list(_plan(cfg, prompts))
     labels = runner.labels()
     total = sum(runner.runs_for(lab, t) for *_, t, _s, _r in plan for lab in labels)
-    with progress_bar(not quiet) as progress:
-        task = progress.add_task("bench", total=total, info="")
+
+    def runs():
         for index, prompt, turn, temperature, seed, repeat in plan:
             base_key = RunKey(index, turn, BASELINE, temperature, seed, repeat)
-            # later turns follow the target's own (baseline) earlier answers
+            # later turns follow the target's own (baseline) earlier answers, recorded by then
             ids = (
                 first_ids[index]
                 if turn == 1
@@ -731,32 +663,23 @@ def _sweep(
                 if not runner.runs_for(label, temperature):
                     continue
                 key = RunKey(index, turn, label, temperature, seed, repeat)
-                progress.update(
-                    task,
-                    description=(
-                        f"prompt {index + 1}/{len(prompts)} t{turn} T={temperature:g} {label}"
-                    ),
-                )
-                if key not in done:
-                    record = _run_one(runner, key, prompt, ids, done.get(base_key))
-                    results.write(record)
-                    done[key] = record
-                    rate = (
-                        record["new_tokens"] / record["wall_time"]
-                        if record["wall_time"] > 0
-                        else 0.0
-                    )
-                    progress.update(task, info=f"{rate:6.1f} tok/s")
-                progress.advance(task)
+                description = f"prompt {index + 1}/{len(prompts)} t{turn} T={temperature:g} {label}"
+                yield key, description, functools.partial(_run_one, runner, key, prompt, ids, done)
+
+    record_missing(results, done, runs(), total, "bench", quiet)
 
 
 def _run_one(
-    runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], baseline: dict | None
+    runner: _Runner, key: RunKey, prompt: Prompt, ids: list[int], done: dict[RunKey, dict]
 ) -> dict:
+    baseline = done.get(replace(key, method=BASELINE))
     run = runner.generate(key.method, ids, key.temperature, key.seed)
     same = None
-    # llama.cpp runs another model (the GGUF's own arithmetic): its tokens are not compared
-    if key.temperature == 0 and key.method not in (BASELINE, LLAMA_CPP) and baseline is not None:
+    # llama.cpp runs another model (the GGUF's own arithmetic): its speculative runs are compared
+    # with its own plain run (bench/llama_cpp.py), its plain run with nothing
+    if is_llama_cpp(key.method):
+        baseline = None if key.method == LLAMA_CPP else done.get(replace(key, method=LLAMA_CPP))
+    if key.temperature == 0 and key.method != BASELINE and baseline is not None:
         same = run.output_ids == baseline["output_ids"]
     name = key.method.split(":")[0]
     return {
@@ -777,16 +700,8 @@ def _run_one(
     }
 
 
-def _finish(path: Path, out_dir: Path, quiet: bool) -> None:
-    from rich.console import Console
-
-    console = Console(stderr=True, quiet=quiet)
-    try:
-        report = write_report([path], out_dir)
-    except ArborError as exc:
-        console.print(f"no report written: {exc}")
-        return
-    console.print(f"results: {path}\nreport:  {report}")
+def _write_report(path: Path, out_dir: Path) -> Path:
+    return write_report([path], out_dir)
 
 
 # ---------------------------------------------------------------------------------------- CLI shell

@@ -44,14 +44,16 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..common.extras import require_serve
 from ..common.jsonfiles import write_json_atomic
 from ..common.ports import free_port
 from ..common.provenance import machine_info, utc_timestamp, versions
 from ..errors import ArborError, Interrupted
-from .concurrency import percentile, rotated
+from .batch_runner import rotated
+from .batch_stats import percentile
 from .prompts import conversation, load_prompts
 from .report import SCHEMA_VERSION
-from .run import ResultsFile, open_results
+from .results import ResultsFile, open_results
 
 BENCHMARK = "serve-load"
 MODES = ("speculative", "plain")
@@ -109,7 +111,9 @@ def _get(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[in
 class ServerProcess:
     """`arborspec serve` started on a free loopback port, its output in `log`."""
 
-    def __init__(self, args: list[str], log: Path, timeout_s: float) -> None:
+    def __init__(
+        self, args: list[str], log: Path, timeout_s: float, api_key: str | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
@@ -136,7 +140,7 @@ class ServerProcess:
                     f"the server exited ({self.proc.returncode}) while starting: see {log}"
                 )
             try:
-                status, body = _get(self.url + "/health")
+                status, body = _get(self.url + "/health", api_key)  # the key: its details
                 if status == 200:
                     self.health = body
                     return
@@ -286,9 +290,13 @@ def run_serve_load(cfg: ServeLoadConfig, quiet: bool = False) -> Path:
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     try:
         if cfg.url is None:
+            require_serve()
             say(f"starting arborspec serve {' '.join(cfg.server_args)}")
             server = ServerProcess(
-                cfg.server_args, Path(cfg.out_dir) / "server.log", cfg.startup_timeout_s
+                cfg.server_args,
+                Path(cfg.out_dir) / "server.log",
+                cfg.startup_timeout_s,
+                cfg.api_key,
             )
             base, health = server.url, server.health
         else:

@@ -28,7 +28,6 @@ is given; greedy identity and distribution tests cover every `budget=auto` build
 
 from __future__ import annotations
 
-
 import torch
 
 from ..engine.acceptance import EDGES, AcceptanceModel

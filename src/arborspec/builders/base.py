@@ -43,7 +43,7 @@ class DrawSequence:
     tails: list[float]  # tails[k] = mass of D not drawn before draw k (tails[0] = 1)
 
     @classmethod
-    def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> "DrawSequence":
+    def of(cls, ctx: DraftContext, tree: TokenTree, node: int, limit: int) -> DrawSequence:
         dist = ctx.probs(tree, [node])[0]
         if ctx.cfg.ordered_draws:  # no noise: the most likely tokens in order, those with D > 0
             top = torch.topk(dist, min(limit, dist.numel()))

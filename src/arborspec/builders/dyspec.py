@@ -200,7 +200,7 @@ class DySpecThresholdBuilder(_DySpecSize, TreeBuilder):
             raise ArborError(f"threshold must be in (0, 1], got {self.threshold}")
 
     @classmethod
-    def from_params(cls, **params) -> "DySpecThresholdBuilder":
+    def from_params(cls, **params) -> DySpecThresholdBuilder:
         if "budget" in params:
             params.setdefault("threshold", 1.0 / params["budget"])
         return cls(**params)

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from ..engine.contracts import DraftContext, TreeBuilder
 from ..engine.tree import TokenTree
-from .base import require_positive, top_children
-from .base import rank_nodes
+from .base import rank_nodes, require_positive, top_children
 from .opt_tree import top_subtree
 from .registry import register
 

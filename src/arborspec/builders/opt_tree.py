@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.contracts import DraftContext, TreeBuilder
+from ..engine.cost import CostCurve
 from ..engine.tree import ChildrenMode, TokenTree
 from ..errors import ArborError
-from ..engine.cost import CostCurve
 from .auto_size import auto_subtree, layer_to_draft, require_cost
 from .base import rank_nodes, require_positive, top_children
 from .registry import register

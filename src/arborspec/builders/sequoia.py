@@ -66,7 +66,7 @@ class SequoiaBuilder(TreeBuilder):
         self._check_fits()
 
     @classmethod
-    def from_params(cls, **params) -> "SequoiaBuilder":
+    def from_params(cls, **params) -> SequoiaBuilder:
         # a given shape sets the budget and depth it was made for
         if params.get("shape") is not None:
             params["shape"] = paths = read_shape(params["shape"])

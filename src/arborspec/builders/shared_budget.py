@@ -37,9 +37,9 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
+from ..engine.batch_cost import BatchCost
 from ..engine.batch_decode import expand_many
 from ..engine.contracts import DraftContext, TreeBuilder
-from ..engine.batch_cost import BatchCost
 from ..engine.tree import TokenTree
 from ..errors import ArborError
 from .base import DrawSequence, add_draw, require_positive
@@ -97,7 +97,8 @@ class SharedBudget:
         batch's measured costs; `overhead`: seconds the draft side adds to a step beyond its timed
         forwards (paid already when this runs). `others`: the most rows each request of the batch
         grown elsewhere (plain ones, other builders) feeds; `packed`: whether the target packs the
-        step's trees (module doc). Returns the trees and, per request, how many of its proposal's tokens to graft."""
+        step's trees (module doc). Returns the trees and, per request, how many of its proposal's
+        tokens to graft."""
         keys = list(roots)
         trees = {k: TokenTree.from_root(roots[k], DySpecBuilder.children_mode) for k in keys}
         requests = len(keys) + len(others)
@@ -123,7 +124,11 @@ class SharedBudget:
         # (-expected gain, tie-break, request, parent node or LOOKUP, draw or lookup-token index)
         heap = [(-PRIOR_FIRST, next(counter), k, 0, 0) for k in keys] if ctxs is not None else []
         if by_cost:
-            heap += [(-rate, next(counter), k, LOOKUP, 0) for k, (tokens, rate) in lookups.items() if tokens]
+            heap += [
+                (-rate, next(counter), k, LOOKUP, 0)
+                for k, (tokens, rate) in lookups.items()
+                if tokens
+            ]
         heapq.heapify(heap)
         added = 0
         while heap and (by_cost or added < self.budget):

@@ -46,7 +46,7 @@ class SpecInferBuilder(TreeBuilder):
             )
 
     @classmethod
-    def from_params(cls, **params) -> "SpecInferBuilder":
+    def from_params(cls, **params) -> SpecInferBuilder:
         if "budget" not in params:  # then k x length define the tree
             params.setdefault("max_depth", DEFAULT_LENGTH)
             params["budget"] = params.get("topk", DEFAULT_SEQUENCES) * params["max_depth"]

@@ -5,7 +5,6 @@ server's load test, and their reports."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,7 +18,7 @@ from .options import ModelOptions, SamplingOptions, grouped
 @grouped("sampling", SamplingOptions, only=("top_k", "top_p", "draft_temperature"))
 @grouped("models", ModelOptions)
 def bench(
-    method: Optional[list[str]] = typer.Option(
+    method: list[str] | None = typer.Option(
         None,
         "--method",
         "-m",
@@ -35,7 +34,7 @@ def bench(
         "--prompts",
         help="mt-bench, humaneval, a JSONL/text file, or hf:NAME[:CONFIG][@SPLIT]",
     ),
-    num_prompts: Optional[int] = typer.Option(
+    num_prompts: int | None = typer.Option(
         10, "--num-prompts", help="first N prompts of the set"
     ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
@@ -54,11 +53,15 @@ def bench(
     compare_llama_cpp: bool = typer.Option(
         False,
         "--compare-llama-cpp",
-        help="also time llama.cpp's plain decoding of the target's GGUF file (needs "
+        help="also time llama.cpp on the target's GGUF file: plain decoding, prompt-lookup "
+        "speculation and, when the draft model has a GGUF file, speculation with it (needs "
         "llama-cpp-python installed)",
     ),
-    gguf: Optional[str] = typer.Option(
-        None, "--gguf", help="the GGUF file llama.cpp runs (default: the embedded target's)"
+    gguf: str | None = typer.Option(
+        None,
+        "--gguf",
+        help="the GGUF file llama.cpp runs (default: a built-in target's own, or the --target "
+        ".gguf path)",
     ),
     turns: str = typer.Option(
         "1",
@@ -68,7 +71,7 @@ def bench(
         "prompt (turn k follows the baseline's own earlier answers)",
     ),
     no_chat: bool = typer.Option(False, "--no-chat"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads"),
     models: ModelOptions = ModelOptions(),
     sampling: SamplingOptions = SamplingOptions(),
 ) -> None:
@@ -76,9 +79,11 @@ def bench(
     tables and plots."""
     from ..bench.run import BenchConfig, parse_number_list, parse_turns, run_bench
     from ..catalog import int8_by_default
+    from ..common.extras import require_plots
     from ..defaults import choose
     from ..models import default_draft, is_draft_model
 
+    require_plots()  # before any work: the report ends with its plots
     models.check_placement()
     if not method:  # the device's defaults, as `arborspec generate` runs them
         d = choose(
@@ -131,7 +136,7 @@ def bench(
     only=("target", "draft", "device", "dtype", "draft_logits", "compile"),
 )
 def bench_batch(
-    method: Optional[list[str]] = typer.Option(
+    method: list[str] | None = typer.Option(
         None,
         "--method",
         "-m",
@@ -156,7 +161,7 @@ def bench_batch(
         help="mt-bench (the stratified selection `bench` uses), humaneval, a JSONL/text file, or "
         "hf:NAME[:CONFIG][@SPLIT]; first turns",
     ),
-    num_prompts: Optional[int] = typer.Option(
+    num_prompts: int | None = typer.Option(
         16, "--num-prompts", help="first N prompts of the set: the requests of every run"
     ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
@@ -175,24 +180,22 @@ def bench_batch(
     ),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in --out"),
     no_chat: bool = typer.Option(False, "--no-chat"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads"),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads"),
     models: ModelOptions = ModelOptions(),
     sampling: SamplingOptions = SamplingOptions(),
 ) -> None:
     """Benchmark batched decoding with concurrent clients: every method against plain batched
     decoding (same process, same requests, interleaved); writes JSONL results, a table and a
     plot."""
-    from ..bench.concurrency import (
-        ConcurrencyConfig,
-        parse_arrivals,
-        parse_concurrency,
-        run_concurrency,
-    )
+    from ..bench.batch_config import ConcurrencyConfig, parse_arrivals, parse_concurrency
+    from ..bench.batch_runner import run_concurrency
     from ..bench.run import parse_number_list
     from ..catalog import int8_by_default
+    from ..common.extras import require_plots
     from ..defaults import choose
     from ..models import default_draft, is_draft_model
 
+    require_plots()  # before any work: the report ends with its plot
     levels = parse_concurrency(concurrency)
     arrivals = parse_arrivals(arrival)
     if not method:  # the device's defaults, as `arborspec generate` runs them
@@ -236,10 +239,10 @@ def bench_batch(
 @friendly
 def bench_serve(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(
+    url: str | None = typer.Option(
         None, "--url", help="load an existing server (default: start `arborspec serve` here)"
     ),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ARBORSPEC_API_KEY"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="ARBORSPEC_API_KEY"),
     concurrency: str = typer.Option("1,4,16", "--concurrency", help="comma list of clients"),
     modes: str = typer.Option(
         "speculative,plain",
@@ -249,7 +252,7 @@ def bench_serve(
     prompts: str = typer.Option(
         "mt-bench", "--prompts", help="mt-bench, humaneval, a JSONL/text file; first turns"
     ),
-    num_prompts: Optional[int] = typer.Option(16, "--num-prompts", help="requests per cell"),
+    num_prompts: int | None = typer.Option(16, "--num-prompts", help="requests per cell"),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n"),
     temperature: float = typer.Option(0.0, "--temperature", "-t"),
     repeats: int = typer.Option(1, "--repeats"),
@@ -262,7 +265,7 @@ def bench_serve(
     """Load-test the server with concurrent `openai` clients: speculative requests against the
     same server's plain ones (`speculative: false`). Options after `--` go to `arborspec serve`,
     e.g. `arborspec bench-serve -- --dtype int8 --per-request-budget`."""
-    from ..bench.concurrency import parse_concurrency
+    from ..bench.batch_config import parse_concurrency
     from ..bench.serve_load import ServeLoadConfig, run_serve_load
 
     try:
@@ -298,9 +301,11 @@ def report(
     out_dir: Path = typer.Option(Path("runs/report"), "--out", "-o"),
 ) -> None:
     """Re-render tables and plots from saved results, without running any model."""
-    from ..bench.concurrency import is_concurrency_results, write_concurrency_report
+    from ..bench.batch_report import is_concurrency_results, write_concurrency_report
     from ..bench.report import write_report
+    from ..common.extras import require_plots
 
+    require_plots()  # before any work: the report ends with its plots
     batch = [p for p in results if is_concurrency_results(p)]
     if batch and len(results) > 1:
         raise ArborError(

@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import signal
 import sys
-from typing import Optional
 
 import typer
 
@@ -73,10 +72,10 @@ def generate(
     prompt: str = typer.Argument(
         ..., help="the prompt (the chat template is applied for instruct models)"
     ),
-    method: Optional[str] = typer.Option(
+    method: str | None = typer.Option(
         None, "--method", "-m", help="tree builder, see `arborspec methods` (default: dyspec)"
     ),
-    budget: Optional[str] = typer.Option(
+    budget: str | None = typer.Option(
         None,
         "--budget",
         "-b",
@@ -88,19 +87,12 @@ def generate(
     param: list[str] = typer.Option(
         [], "--param", "-p", help="builder parameter name=value (repeatable)"
     ),
-    verifier: Optional[str] = typer.Option(
+    verifier: str | None = typer.Option(
         None, "--verifier", help="override the verifier (lossy pairings are refused)"
     ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     no_chat: bool = typer.Option(False, "--no-chat", help="feed the prompt as raw text"),
-    reorder_dfs: bool = typer.Option(
-        False,
-        "--reorder-dfs",
-        help="renumber tree nodes in DFS "
-        "order before verifying, the layout block-sparse "
-        "tree-attention kernels work on (the output is the same)",
-    ),
-    lookup: Optional[int] = typer.Option(
+    lookup: int | None = typer.Option(
         None,
         "--lookup",
         help="graft up to this many tokens "
@@ -163,7 +155,6 @@ def generate(
         dtype=models.dtype,
         verifier=verifier,
         budget=parse_budget(budget),
-        reorder_dfs=reorder_dfs,
         device_map=models.device_map,
         max_memory=models.max_memory,
         offload_folder=models.offload_folder,
@@ -186,7 +177,7 @@ def generate(
     if compare_ar:  # first calls pay one-off costs (allocations, caches); time neither with them
         warm = dict(settings, max_new_tokens=min(max_new_tokens, WARMUP_TOKENS))
         gen.generate(prompt, **warm)
-        gen.generate_autoregressive(prompt, **warm)
+        gen.generate_autoregressive(prompt, **plain(warm))
     try:
         with _Streamer(gen.tokenizer).catch_ctrl_c() as streamer:
             result = gen.generate(prompt, on_tokens=streamer, **settings)
@@ -197,7 +188,7 @@ def generate(
     sys.stdout.write("\n")
     err.print(result.summary(), highlight=False)
     if compare_ar:
-        base = gen.generate_autoregressive(prompt, **settings)
+        base = gen.generate_autoregressive(prompt, **plain(settings))
         same = (
             "identical tokens"
             if base.output_ids == result.output_ids
@@ -208,6 +199,11 @@ def generate(
             f"speedup {result.speedup_over(base):.2f}x ({same})",
             highlight=False,
         )
+
+
+def plain(settings: dict) -> dict:
+    """`generate`'s settings for plain decoding, which has no draft side."""
+    return {k: v for k, v in settings.items() if k != "draft_temperature"}
 
 
 @app.command()

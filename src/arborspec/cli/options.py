@@ -15,12 +15,11 @@ import inspect
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..catalog import EMBEDDED_TARGET, int8_by_default
-from ..defaults import AUTO, resolve_dtype
+from ..defaults import AUTO, resolve_dtype, saved_dtype
 from ..errors import ArborError
 
 
@@ -29,12 +28,12 @@ class ModelOptions:
     """Which target and draft to load, where, and in which precision."""
 
     target: str = EMBEDDED_TARGET
-    draft: Optional[str] = None
+    draft: str | None = None
     device: str = "cpu"
     dtype: str = AUTO
-    device_map: Optional[str] = None
-    max_memory: Optional[str] = None
-    offload_folder: Optional[Path] = None
+    device_map: str | None = None
+    max_memory: str | None = None
+    offload_folder: Path | None = None
     draft_logits: str = "auto"
     compile: bool = False
 
@@ -47,12 +46,15 @@ class ModelOptions:
     @property
     def resolved_dtype(self) -> str:
         """`--dtype`, with auto resolved for this target and device (`arborspec.defaults`)."""
+        from ..models import resolve_model_path
+
         return resolve_dtype(
             self.dtype,
             self.device,
             int8_by_default(self.target),
             self.device_map,
             self.max_memory,
+            checkpoint=lambda: saved_dtype(resolve_model_path(self.target)),
         )
 
 
@@ -64,7 +66,7 @@ class SamplingOptions:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    draft_temperature: Optional[float] = None
+    draft_temperature: float | None = None
     seed: int = 0
 
 
@@ -72,7 +74,7 @@ class SamplingOptions:
 class RunOptions:
     """Where a resumable training tool keeps its work, how long it may take, threads and seed."""
 
-    work_dir: Optional[Path] = None
+    work_dir: Path | None = None
     data_time_budget_s: float = 0.0
     train_time_budget_s: float = 0.0
     resume: bool = False
@@ -96,15 +98,16 @@ OPTIONS: dict[type, dict[str, typer.models.OptionInfo]] = {
             None,
             "--draft",
             help="draft-head dir, 'embedded-head' or 'gemma3-270m-head', draft model "
-            "id/dir/.gguf file, a built-in model name or 'embedded-draft', or 'ngram' (default: "
-            "a built-in target's head or draft model, else ngram)",
+            "id/dir/.gguf file, a built-in model name, 'embedded-draft' (in a source checkout "
+            "only), or 'ngram' (default: a built-in target's head or draft model, else ngram)",
         ),
         "device": Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
         "dtype": Option(
             AUTO,
             "--dtype",
-            help="auto (int8 for the embedded and Qwen2.5-Coder targets on CPU without "
-            "a device map, else float32), float32, float16, bfloat16, or int8 (CPU: a "
+            help="auto (on CPU: int8 for the embedded and Qwen2.5-Coder targets without a "
+            "device map, else float32; on a GPU: the dtype the checkpoint was saved in, float32 "
+            "if its config names none), float32, float16, bfloat16, or int8 (CPU: a "
             "batch-invariant int8 target, docs/algorithms.md §8)",
         ),
         "device_map": Option(

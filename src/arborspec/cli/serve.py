@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import typer
 
@@ -26,23 +25,23 @@ def _ray(default, flag: str, help: str):
 @friendly
 @grouped("models", ModelOptions)
 def serve(
-    method: Optional[str] = typer.Option(
+    method: str | None = typer.Option(
         None,
         "--method",
         "-m",
         help="tree builder of requests that do not name one (default: dyspec)",
     ),
-    budget: Optional[str] = typer.Option(
+    budget: str | None = typer.Option(
         None,
         "--budget",
         "-b",
         help="tree size of requests that do not give one (default: 3 on CPU, 32 on a GPU)",
     ),
     param: list[str] = typer.Option([], "--param", "-p", help="builder parameter name=value"),
-    lookup: Optional[int] = typer.Option(
+    lookup: int | None = typer.Option(
         None, "--lookup", help="context-lookup tokens per tree (default 6; 0: off)"
     ),
-    shared_budget: Optional[bool] = typer.Option(
+    shared_budget: bool | None = typer.Option(
         None,
         "--shared-budget/--per-request-budget",
         help="grow the DySpec trees of the whole batch from one heap sized by the measured batch "
@@ -57,13 +56,13 @@ def serve(
         help="address to bind (0.0.0.0: every interface; then set an API key)",
     ),
     port: int = typer.Option(8000, "--port"),
-    api_key: Optional[str] = typer.Option(
+    api_key: str | None = typer.Option(
         None,
         "--api-key",
         envvar="ARBORSPEC_API_KEY",
         help="require 'Authorization: Bearer KEY' on every route but /health",
     ),
-    model_name: Optional[str] = typer.Option(
+    model_name: str | None = typer.Option(
         None,
         "--model-name",
         help="the model id clients send (default: arborspec-embedded, or --target)",
@@ -75,7 +74,7 @@ def serve(
     default_max_tokens: int = _limit(
         256, "--default-max-tokens", "new tokens of a request that does not say"
     ),
-    max_prompt_tokens: Optional[int] = _limit(
+    max_prompt_tokens: int | None = _limit(
         None, "--max-prompt-tokens", "the longest prompt (default: the model's context)"
     ),
     max_body_bytes: int = _limit(
@@ -91,18 +90,18 @@ def serve(
         "--replicas",
         "replicas on Ray Serve, each with its own model pair (1: this process, no Ray)",
     ),
-    address: Optional[str] = _ray(
+    address: str | None = _ray(
         None, "--address", "an existing Ray cluster (default: start a local one); implies Ray Serve"
     ),
     replica_cpus: float = _ray(1.0, "--replica-cpus", "CPUs each replica reserves"),
     replica_gpus: float = _ray(0.0, "--replica-gpus", "GPUs each replica reserves"),
-    max_ongoing_requests: Optional[int] = _ray(
+    max_ongoing_requests: int | None = _ray(
         None,
         "--max-ongoing-requests",
         "requests Ray sends one replica at once (default: --max-batch + --max-queue)",
     ),
     min_replicas: int = _ray(1, "--min-replicas", "with --max-replicas: autoscale from here"),
-    max_replicas: Optional[int] = _ray(
+    max_replicas: int | None = _ray(
         None, "--max-replicas", "autoscale up to this many replicas with the load"
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
@@ -111,7 +110,8 @@ def serve(
     """Serve the OpenAI API (chat and completions, streamed or not) with speculative decoding of
     every request in one batch; /health says when the models are loaded and warmed up."""
     from ..builders import parse_budget, parse_params
-    from ..serve import ServeConfig, serve as run_server
+    from ..serve import ServeConfig
+    from ..serve import serve as run_server
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ArborError(f"--log-level must be debug, info, warning or error, got {log_level!r}")

@@ -1,18 +1,16 @@
-"""The offline tools' commands: calibration and Sequoia shapes, C2T and draft training, the draft's
-quality, the training prompts' overlap with the benchmarks, the randomized soak."""
+"""The offline tools' commands: calibration, C2T and draft training, the draft's quality (the
+developers' tools are under `arborspec dev`, `dev.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
-import typer
+from typer import Option as Opt
 
 from ..errors import ArborError
 from .base import app, err, friendly
 from .options import ModelOptions, RunOptions, SamplingOptions, check_positive, grouped
 
-Opt = typer.Option
 PLACED = ("target", "draft", "device", "dtype", "device_map", "max_memory", "offload_folder")
 
 
@@ -39,7 +37,7 @@ def calibrate(
     ),
     draws: int = Opt(4, "--draws", help="independent K-child draws per position"),
     num_prompts: int = Opt(12, "--num-prompts"),
-    prompts: Optional[Path] = Opt(
+    prompts: Path | None = Opt(
         None,
         "--prompts",
         help="calibration prompts (one per line or a JSON list); default: built-in",
@@ -92,42 +90,18 @@ def calibrate(
     )
 
 
-@app.command("sequoia-shape")
-@friendly
-def sequoia_shape(
-    calibration_file: Path = typer.Argument(..., help="a file written by `arborspec calibrate`"),
-    out: Path = Opt(Path("sequoia-shape.json"), "--out", "-o"),
-    size: Optional[int] = Opt(None, "--size", help="tree size; omit for the hardware-aware choice"),
-    depth: Optional[int] = Opt(None, "--depth"),
-    max_size: int = Opt(128, "--max-size"),
-    max_depth: int = Opt(12, "--max-depth"),
-) -> None:
-    """Write the optimal Sequoia tree shape (DP, App. C.2.2) for a calibration; use it with
-    -m sequoia -p shape=FILE."""
-    from ..offline.calibrate import write_sequoia_shape
-
-    shape, meta = write_sequoia_shape(
-        calibration_file, out, size=size, depth=depth, max_size=max_size, max_depth=max_depth
-    )
-    facts = ", ".join(f"{k}={v}" for k, v in meta.items() if isinstance(v, (int, float, str)))
-    err.print(
-        f"shape of {len(shape)} nodes, depth {max(len(p) for p in shape)} -> {out} ({facts})",
-        highlight=False,
-    )
-
-
 @app.command("train-c2t")
 @friendly
 @grouped("sampling", SamplingOptions, only=("temperature", "top_p", "seed"))
 @grouped("models", ModelOptions, only=PLACED)
 def train_c2t(
-    out: Optional[Path] = Opt(
+    out: Path | None = Opt(
         None,
         "--out",
         "-o",
         help="classifier file (.safetensors); default: the shipped location for the embedded pair",
     ),
-    prompts: Optional[Path] = Opt(
+    prompts: Path | None = Opt(
         None, "--prompts", help="training prompts (one per line or a JSON list); default: built-in"
     ),
     num_prompts: int = Opt(24, "--num-prompts"),
@@ -287,7 +261,7 @@ def train_head(
         "target's next-token distribution, beside the feature regression "
         "(weight 1)",
     ),
-    init_from: Optional[Path] = Opt(
+    init_from: Path | None = Opt(
         None,
         "--init-from",
         help="start from an exported head's "
@@ -356,9 +330,11 @@ def train_head(
 @friendly
 @grouped("models", ModelOptions, only=("target", "draft", "draft_logits"), draft_logits="float")
 def draft_quality(
-    n_mtbench: int = Opt(80, "--n-mtbench", help="MT-Bench first turns to use (of 80)"),
-    n_humaneval: int = Opt(40, "--n-humaneval", help="HumanEval prompts to use (of 164)"),
-    max_new_tokens: Optional[int] = Opt(
+    n_mtbench: int = Opt(80, "--n-mtbench", help="MT-Bench first turns to use (of 80; 0 skips)"),
+    n_humaneval: int = Opt(
+        40, "--n-humaneval", help="HumanEval prompts to use (of 164; 0 skips)"
+    ),
+    max_new_tokens: int | None = Opt(
         None,
         "--max-new-tokens",
         help="target answer length "
@@ -372,7 +348,7 @@ def draft_quality(
         help="the temperature of the chain acceptance reported beside temperature 0",
     ),
     cache_len: int = Opt(128, "--cache-len", help="KV-cache length of the timed forwards"),
-    reps: Optional[int] = Opt(
+    reps: int | None = Opt(
         None, "--reps", help="timed forwards (default: 40 for a draft model, 30 for a draft head)"
     ),
     threads: int = Opt(0, "--threads", help="torch threads (0 = torch's default)"),
@@ -384,7 +360,7 @@ def draft_quality(
         "--work-dir",
         help="a draft head's held-out answers and features (resumable)",
     ),
-    out: Optional[Path] = Opt(
+    out: Path | None = Opt(
         None, "--out", "-o", help="write the JSON here (default: stdout only)"
     ),
     models: ModelOptions = ModelOptions(),
@@ -404,6 +380,8 @@ def draft_quality(
         )
     given = {"max_new_tokens": max_new_tokens, "reps": reps}
     check_positive(cache_len=cache_len, **{k: v for k, v in given.items() if v is not None})
+    if n_mtbench < 0 or n_humaneval < 0:
+        raise ArborError("--n-mtbench and --n-humaneval must be >= 0 (0 skips that set)")
     if threads:
         torch.set_num_threads(threads)
     if is_head_dir(draft):
@@ -439,62 +417,3 @@ def draft_quality(
             gen_batch_size=gen_batch_size,
         )
     report_json(result, str(out) if out else None)
-
-
-@app.command("prompt-overlap")
-@friendly
-@grouped("models", ModelOptions, only=("target",))
-def prompt_overlap(
-    data_dir: Path = Opt(
-        ..., "--data-dir", help="head data shards (train-head's <work>/data-self-instruct)"
-    ),
-    ngram: int = Opt(8, "--ngram", help="words in the shared sequences counted"),
-    out: Optional[Path] = Opt(
-        None, "--out", "-o", help="write the JSON here (default: stdout only)"
-    ),
-    models: ModelOptions = ModelOptions(),
-) -> None:
-    """Do training prompts overlap the benchmark sets? Exact matches and shared word n-grams of
-    the user messages in head data shards against every MT-Bench turn and HumanEval prompt
-    (`--target`: whose tokenizer rendered them)."""
-    from ..common.jsonfiles import report_json
-    from ..offline.prompt_overlap import shard_overlap
-
-    check_positive(ngram=ngram)
-    report_json(shard_overlap(data_dir, models.target, ngram), str(out) if out else None)
-
-
-@app.command()
-@friendly
-def soak(
-    steps: int = Opt(10_000, "--steps", help="speculative steps to check (over many random cases)"),
-    seed: int = Opt(0, "--seed"),
-    replay: Optional[int] = Opt(
-        None, "--replay", help="re-run one case by the case seed a failure printed"
-    ),
-    out: Optional[Path] = Opt(None, "--out", "-o", help="write the report as JSON"),
-) -> None:
-    """Randomized soak on tiny random Llama pairs: builders, budgets, sampling settings, prompts;
-    every invariant checked."""
-    import json
-
-    from ..offline.soak import soak as run
-
-    if steps < 1:
-        raise ArborError(f"--steps must be >= 1, got {steps}")
-    report = run(steps, seed, replay=replay)
-    err.print(
-        f"soak: {report.cases} cases, {report.steps} steps, {report.tokens} tokens, "
-        f"{len(report.failures)} failures, {report.seconds:.0f} s",
-        highlight=False,
-    )
-    for f in report.failures:
-        err.print(
-            f"  FAIL case {f.case_seed} step {f.step}: {f.description}: {f.message}\n"
-            f"    reproduce: arborspec soak --replay {f.case_seed}",
-            highlight=False,
-        )
-    if out is not None:
-        out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-    if report.failures:
-        raise typer.Exit(1)

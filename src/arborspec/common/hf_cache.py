@@ -10,10 +10,10 @@ transformers 5 release its requirements allow.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cache_name(forward_type: type) -> str:
     params = inspect.signature(forward_type.forward).parameters
     return "cache" if "cache" in params else "past_key_values"

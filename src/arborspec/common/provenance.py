@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
@@ -69,4 +69,4 @@ def versions() -> dict:
 
 def utc_timestamp() -> str:
     """Now, in UTC, to the second (ISO 8601)."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

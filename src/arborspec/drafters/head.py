@@ -58,8 +58,8 @@ from ..common.timing import clock
 from ..engine.contracts import Drafter
 from ..engine.int8 import int8_rows_linear, pack_int8_weight, swap_linears
 from ..engine.placement import execution_device, materialised
-from ..errors import ArborError
 from ..engine.tree import TokenTree, additive_mask
+from ..errors import ArborError
 from .head_batch import HeadBatchDrafter
 from .head_traced import TracedHead
 from .model import tree_rows_allowed
@@ -154,7 +154,7 @@ class DraftHead(nn.Module):
         else:
             self._int8_rows = None  # set by `quantize_logits`
 
-    def quantize_logits(self) -> "DraftHead":
+    def quantize_logits(self) -> DraftHead:
         """Compute draft logits with int8 weights and per-row activation scales
         (CPU; module doc)."""
         if self.lm_rows.device.type != "cpu":
@@ -165,7 +165,7 @@ class DraftHead(nn.Module):
         self._int8_rows = pack_int8_weight(self.lm_rows)
         return self
 
-    def quantize_layers(self) -> "DraftHead":
+    def quantize_layers(self) -> DraftHead:
         """Run `fc` and the decoder layer's linears with int8 weights and per-row activation scales,
         as the int8 target does (`engine/int8.swap_linears`, without its smoothing: draft-side
         precision changes the acceptance rate only). CPU only; a head so quantised drafts, but can
@@ -342,7 +342,7 @@ class HeadDrafter(Drafter):
         self.traced = trace or None
         self.reset()
 
-    def spawn(self) -> "HeadDrafter":
+    def spawn(self) -> HeadDrafter:
         return HeadDrafter(self.head, trace=self.traced or False)  # the traces are shared
 
     def batched(self) -> HeadBatchDrafter:

@@ -81,7 +81,9 @@ class HeadBatchDrafter(BatchDrafter):
         t0 = clock()
         batch = self.batch
         n = max(len(f.tokens) for f in feeds.values())
-        inputs = torch.zeros(len(batch), n, self.head.hidden_size, device=self.device, dtype=self.dtype)
+        inputs = torch.zeros(
+            len(batch), n, self.head.hidden_size, device=self.device, dtype=self.dtype
+        )
         for b, key in enumerate(batch.keys):
             if key in feeds:
                 inputs[b, : len(feeds[key].tokens)] = feats[key]
@@ -96,7 +98,11 @@ class HeadBatchDrafter(BatchDrafter):
         out, width = batch.feed(run, [feeds.get(key) for key in batch.keys])
         self.forward_time += clock(self.device) - t0
         self.forwards += 1
-        rows = {key: out[b, : len(feeds[key].tokens)] for b, key in enumerate(batch.keys) if key in feeds}
+        rows = {
+            key: out[b, : len(feeds[key].tokens)]
+            for b, key in enumerate(batch.keys)
+            if key in feeds
+        }
         return rows, width
 
     @torch.inference_mode()
@@ -108,13 +114,19 @@ class HeadBatchDrafter(BatchDrafter):
             slot, n = self.slots[key], len(tokens)
             start = self.batch.length(key)
             if len(slot.feats) < n - 1:
-                raise RuntimeError(f"head drafter has {len(slot.feats)} target features for {n} tokens")
+                raise RuntimeError(
+                    f"head drafter has {len(slot.feats)} target features for {n} tokens"
+                )
             if start < n:
                 feeds[key] = RowFeed.chunk(tokens[start:n], start, start, width)
-                feats[key] = torch.stack([slot.feats[r - 1] if r > 0 else self._zero() for r in range(start, n)])
+                feats[key] = torch.stack(
+                    [slot.feats[r - 1] if r > 0 else self._zero() for r in range(start, n)]
+                )
         if feeds:
             out, width = self._feed(feeds, feats)
-            self.batch.settle({key: list(range(width, width + len(f.tokens))) for key, f in feeds.items()})
+            self.batch.settle(
+                {key: list(range(width, width + len(f.tokens))) for key, f in feeds.items()}
+            )
             fed = {key: rows[-1] for key, rows in out.items()}
         roots = {}
         for key, tokens in committed.items():
@@ -137,12 +149,14 @@ class HeadBatchDrafter(BatchDrafter):
             slot = self.slots[key]
             allowed, paths = tree_rows_allowed(tree, nodes, slot.base, width, slot.rows)
             positions = [slot.base - 1 + tree.depths[n] for n in nodes]
-            feeds[key] = RowFeed([tree.tokens[n] for n in nodes], positions, allowed[:, :width], allowed[:, width:])
+            feeds[key] = RowFeed(
+                [tree.tokens[n] for n in nodes], positions, allowed[:, :width], allowed[:, width:]
+            )
             feats[key] = torch.stack([slot.pred[path[:-1]] for path in paths])
             paths_of[key] = paths
         out, width = self._feed(feeds, feats)
         result = []
-        for key, tree, nodes in items:
+        for key, _tree, _nodes in items:
             slot, hidden = self.slots[key], out[key]
             for i, path in enumerate(paths_of[key]):
                 slot.rows[path], slot.pred[path] = width + i, hidden[i]
@@ -150,7 +164,7 @@ class HeadBatchDrafter(BatchDrafter):
         return result
 
     def commit(self, items: list[tuple], features: dict) -> None:
-        for key, tree, accepted in items:
+        for key, _tree, _accepted in items:
             slot = self.slots[key]
             f = features.get(key)
             if f is not None and f.numel():

@@ -137,7 +137,7 @@ class ModelDrafter(Drafter):
                 self._extra.append(token)
         self._noted = len(committed)
 
-    def spawn(self) -> "ModelDrafter":
+    def spawn(self) -> ModelDrafter:
         twin = copy.copy(self)
         twin.lm = copy.copy(self.lm)  # the same model and LM head, a cache of its own
         twin.reset()

@@ -30,7 +30,7 @@ class NgramDrafter(Drafter):
         self.vocab_size, self.max_n, self.unigram_share = vocab_size, max_n, unigram_share
         self.context = np.zeros(0, dtype=np.int64)
 
-    def spawn(self) -> "NgramDrafter":
+    def spawn(self) -> NgramDrafter:
         return NgramDrafter(self.vocab_size, self.max_n, self.unigram_share)
 
     def begin(self, committed: list[int]) -> torch.Tensor:

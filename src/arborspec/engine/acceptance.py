@@ -78,7 +78,7 @@ class AcceptanceModel:
             self.examined_by_rank[b][r] += 1
             self.accepted_by_rank[b][r] += bool(ok)
 
-    def carried(self, cap: float = CARRY) -> "AcceptanceModel":
+    def carried(self, cap: float = CARRY) -> AcceptanceModel:
         """A new model that starts where this one ended: the same rates, from counts scaled down to
         at most `cap` observations in all, so that the next generation's own outcomes
         soon outweigh them."""

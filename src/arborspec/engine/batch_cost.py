@@ -4,12 +4,12 @@ batched draft forward, and the draft side's `begin` (docs/algorithms.md §10).
 The single-sequence cost curve (engine/cost.py) times trees of one request; a batch's forward feeds
 B requests' trees (packed into one row on the int8 target, engine/packed_rows.py, else every
 request padded to the longest tree), and how its time grows with B and the rows is what decides
-whether speculation pays at a given concurrency: on a CPU whose target is compute-bound per row (the int8 target), every row a tree adds costs what a request's
-own token does. `measure_batch_cost` times the grid once (synthetic requests of random tokens,
-chains of N - 1 nodes, the LM head's screened argmax of every root) on a batch of its own, never
-the decoder's; `BatchCost` interpolates it. What the draft side costs beyond its timed forwards
-(its `begin`, the builders' own work) is learnt from the decoder's steps
-(`engine/batch_decode.py`).
+whether speculation pays at a given concurrency: on a CPU whose target is compute-bound per row
+(the int8 target), every row a tree adds costs what a request's own token does.
+`measure_batch_cost` times the grid once (synthetic requests of random tokens, chains of N - 1
+nodes, the LM head's screened argmax of every root) on a batch of its own, never the decoder's;
+`BatchCost` interpolates it. What the draft side costs beyond its timed forwards (its `begin`, the
+builders' own work) is learnt from the decoder's steps (`engine/batch_decode.py`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def measure_batch_cost(
         while joined < count:
             target.join(joined, contexts[joined][:CONTEXT])
             if drafts is not None:
-                drafts.join(joined, contexts[joined][:CONTEXT], _features(adapter, drafts, contexts[joined][:CONTEXT]))
+                context = contexts[joined][:CONTEXT]
+                drafts.join(joined, context, _features(adapter, drafts, context))
             joined += 1
         row = []
         for width in widths:

@@ -112,7 +112,11 @@ class RequestHandle:
     def rows(self) -> int:
         """The most rows a step of this request feeds the target: its root and its tree."""
         builder = self.request.builder
-        return 1 + (builder.budget if builder is not None else 0) + (self.lookup.max_tokens if self.lookup else 0)
+        return (
+            1
+            + (builder.budget if builder is not None else 0)
+            + (self.lookup.max_tokens if self.lookup else 0)
+        )
 
     def _finish(self, reason: str) -> None:
         self.stop_reason = reason
@@ -229,7 +233,9 @@ class BatchDecoder:
         depth = 0
         if builder is not None:
             depth = max(builder.depth_limit, request.lookup) + 1
-            check_context(len(request.prompt_ids), cfg, self.drafter.max_positions, depth, who="draft")
+            check_context(
+                len(request.prompt_ids), cfg, self.drafter.max_positions, depth, who="draft"
+            )
         check_context(len(request.prompt_ids), cfg, self.adapter.max_positions, depth)
         handle = RequestHandle(next(self._keys), request, verifier)
         if handle.rows > self.max_rows:
@@ -406,7 +412,9 @@ class BatchDecoder:
         greenlet, their draft requests answered round by round in one batched forward each. A
         builder that raises fails its requests (`failed`: key -> exception)."""
         coordinator = getcurrent()
-        shared = [h for h in spec if self.shared is not None and self.shared.takes(h.request.builder)]
+        shared = [
+            h for h in spec if self.shared is not None and self.shared.takes(h.request.builder)
+        ]
         cost = None
         if any(h.request.builder.needs_cost for h in spec):
             cost = self._cost(spec)
@@ -423,7 +431,9 @@ class BatchDecoder:
                 for h in shared:
                     h.ctx = None
                 grown, self.lookup_kept = self.shared.build_many(
-                    None, {h.key: h.committed[-1] for h in shared}, self._lookups(shared, proposals),
+                    None,
+                    {h.key: h.committed[-1] for h in shared},
+                    self._lookups(shared, proposals),
                     batch_cost, 0.0, other_rows, packed,
                 )
                 trees.update(grown)
@@ -438,7 +448,9 @@ class BatchDecoder:
                 else None
             )
             waiting = _Waiting(h.key, self.drafts.vocab_size, coordinator)
-            h.ctx = DraftContext(waiting, h.draft_cfg, h.generator, roots[h.key], cost, h.acceptance, process)
+            h.ctx = DraftContext(
+                waiting, h.draft_cfg, h.generator, roots[h.key], cost, h.acceptance, process
+            )
         pending: dict = {}  # greenlet -> its draft items
 
         def started(key, run) -> None:

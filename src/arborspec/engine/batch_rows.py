@@ -39,7 +39,7 @@ from .packed_rows import PackedRows
 # the dtype a batch's `InPlaceLayer`s keep (the float64 attention converts what it reads): with two
 # sequences or more, a batched step over float32 buffers takes less time than over float64 ones;
 # one sequence alone decodes faster over float64 buffers, as a single sequence's cache keeps them.
-# The values are the same either way (engine/kv_cache.py, docs/evaluation.md (k)).
+# The values are the same either way (engine/kv_cache.py).
 BATCH_STORAGE = torch.float32
 SINGLE_STORAGE = torch.float64
 
@@ -70,11 +70,12 @@ class RowFeed:
     new: torch.Tensor
 
     @classmethod
-    def chunk(cls, tokens: list[int], start: int, length: int, width: int) -> "RowFeed":
+    def chunk(cls, tokens: list[int], start: int, length: int, width: int) -> RowFeed:
         """A plain chunk after a row's `length` cached tokens: causal, at positions start, ..."""
         k = len(tokens)
         old = (torch.arange(width) < length).expand(k, width)
-        return cls(tokens, list(range(start, start + k)), old, torch.ones(k, k, dtype=torch.bool).tril())
+        causal = torch.ones(k, k, dtype=torch.bool).tril()
+        return cls(tokens, list(range(start, start + k)), old, causal)
 
 
 def _tensors(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -157,7 +158,9 @@ class BatchRows:
                     continue
                 like = a if a is not None else b
                 if a is None:  # every row so far is empty
-                    a = tuple(t.new_zeros((len(self.keys), *t.shape[1:2], 0, t.shape[3])) for t in b)
+                    a = tuple(
+                        t.new_zeros((len(self.keys), *t.shape[1:2], 0, t.shape[3])) for t in b
+                    )
                 if b is None:
                     b = tuple(t.new_zeros((1, *t.shape[1:2], 0, t.shape[3])) for t in like)
                 keys = torch.cat([_pad(a[0], width), _pad(b[0].to(a[0].dtype), width)])

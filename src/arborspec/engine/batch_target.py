@@ -29,9 +29,10 @@ class BatchTarget:
     def __init__(self, adapter: ModelAdapter) -> None:
         if not adapter.head.supported:
             raise ArborError(
-                f"batched decoding reads LM-head rows itself, which {type(adapter.model).__name__}'s "
-                "head does not allow (placed by a device map, or a logit transform): load the "
-                "model on one device or decode one request at a time"
+                "batched decoding reads LM-head rows itself, which "
+                f"{type(adapter.model).__name__}'s head does not allow (placed by a device map, "
+                "or a logit transform): load the model on one device or decode one request "
+                "at a time"
             )
         self.adapter = adapter
         self.rows = BatchRows(adapter.device)

@@ -57,13 +57,13 @@ class Drafter(ABC):
     def expand(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
         """Logits `[K, V]` of the next token after the path to each of `nodes` (non-root)."""
 
-    def commit(self, tree: TokenTree, accepted: list[int]) -> None:
+    def commit(self, tree: TokenTree, accepted: list[int]) -> None:  # noqa: B027 (optional hook: no-op by default)
         """Called after verification with the accepted path (node indices, root excluded)."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 (optional hook: no-op by default)
         """Forget everything (a new prompt follows)."""
 
-    def observe(self, features: torch.Tensor) -> None:
+    def observe(self, features: torch.Tensor) -> None:  # noqa: B027 (optional hook: no-op by default)
         """Target features `[k, H]` (last hidden states) of the next k committed tokens, in order.
 
         Only called when `uses_target_features`; after it, the features of every
@@ -84,12 +84,12 @@ class Drafter(ABC):
             )
         self.observe(target.features_along(ids))
 
-    def spawn(self) -> "Drafter":
+    def spawn(self) -> Drafter:
         """A fresh drafter of the same kind sharing this one's weights, with state of its own: one
         per request when a batch drafts request by request (engine/batch_drafts.py)."""
         raise ArborError(f"{type(self).__name__} cannot draft for a batch of requests")
 
-    def batched(self) -> "BatchDrafter | None":
+    def batched(self) -> BatchDrafter | None:
         """A drafter that drafts for every request of a batch in one forward per call, where this
         kind has one (the draft head); None: one spawned drafter per request."""
         return None
@@ -110,10 +110,10 @@ class BatchDrafter(ABC):
     the `Drafter` calls, each for several requests at once.
 
     `join` starts a request from its prompt (with the target's features of every prompt token but
-    the last, for a drafter with `uses_target_features`), `begin` syncs requests with their committed tokens and
-    gives their roots' logits, `expand` drafts tree nodes of several requests' trees, `commit`
-    ends their step (with the target's features of the root and the accepted nodes), `leave`
-    forgets a request. `forward_time`/`forwards` count since the last `begin`."""
+    the last, for a drafter with `uses_target_features`), `begin` syncs requests with their
+    committed tokens and gives their roots' logits, `expand` drafts tree nodes of several requests'
+    trees, `commit` ends their step (with the target's features of the root and the accepted nodes),
+    `leave` forgets a request. `forward_time`/`forwards` count since the last `begin`."""
 
     uses_target_features: bool = False
     vocab_size: int
@@ -184,7 +184,9 @@ class DraftContext:
 
     def missing(self, tree: TokenTree, nodes: list[int]) -> list[int]:
         """The nodes among `nodes` whose draft probabilities are not known yet, once each."""
-        return list(dict.fromkeys(n for n in nodes if tuple(tree.path_tokens(n)) not in self._probs))
+        return list(
+            dict.fromkeys(n for n in nodes if tuple(tree.path_tokens(n)) not in self._probs)
+        )
 
     def store(self, tree: TokenTree, nodes: list[int], logits: torch.Tensor) -> None:
         """Keep the draft probabilities of `nodes` from their draft logits `[K, V]` (processed on
@@ -260,7 +262,7 @@ class TreeBuilder(ABC):
         return min(self.budget, self.max_depth or self.budget)
 
     @classmethod
-    def from_params(cls, **params) -> "TreeBuilder":
+    def from_params(cls, **params) -> TreeBuilder:
         """The builder for user-given parameters, derived defaults filled in.
 
         `budget` is present only when the user gave one (the CLI's `--budget`, a sweep value);

@@ -115,7 +115,7 @@ class CostCurve:
     def _step_tables(self) -> dict[int, tuple[float, ...]]:
         return {}
 
-    def with_overhead_of(self, steps) -> "CostCurve":
+    def with_overhead_of(self, steps) -> CostCurve:
         """This curve with its overheads measured from a generation's `StepStats`. A step's time in
         units of t(1), less what the curve predicts for its tree (`t(n + 1)`) and its timed draft
         forwards, is modelled as
@@ -186,7 +186,7 @@ class CostCurve:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostCurve":
+    def from_dict(cls, data: dict) -> CostCurve:
         return cls(
             tuple(int(x) for x in data["tokens"]),
             tuple(float(y) for y in data["relative"]),

@@ -42,7 +42,6 @@ from .cost import CostCurve, cost_curve_for
 from .lm_head import LazyLogits, greedy_token
 from .lookup import ContextLookup, LookupPrice, graft
 from .processors import PathProcessor, ProcessedRows, Processor
-from .reorder import dfs_order
 from .sampling import SamplingConfig, probs_from_logits, sample
 from .stats import GenerationInterrupted, GenerationResult, StepStats
 from .tree import TokenTree
@@ -143,7 +142,6 @@ class SpeculativeDecoder:
         drafter: Drafter,
         builder: TreeBuilder,
         verifier: str | None = None,
-        reorder_dfs: bool = False,
         cost: CostCurve | None = None,
         carry: bool = True,
         lookup: int = 0,
@@ -174,7 +172,6 @@ class SpeculativeDecoder:
         # greedy or not -> the measured curve with what it has learnt
         self.curves: dict[bool, CostCurve] = {}
         self.requested_verifier = verifier
-        self.reorder_dfs = reorder_dfs
         self.carry = carry
         self.lookup = lookup
         self.learnt: dict[SamplingConfig, AcceptanceModel] = {}  # per sampling settings
@@ -282,8 +279,6 @@ class SpeculativeDecoder:
             self.drafter, draft_cfg, gen, root_logits, self.cost, self.acceptance, process
         )
         tree = self.builder.build(ctx, committed[-1])
-        if self.reorder_dfs:
-            tree = tree.permuted(dfs_order(tree))
         # the builder's tree (grafted nodes have no draft probability)
         calibrated = self.acceptance.expected_length(tree)
         chain = self.context_lookup.propose(committed) if self.context_lookup else []

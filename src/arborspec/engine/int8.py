@@ -40,7 +40,6 @@ from __future__ import annotations
 import copy
 import warnings
 from functools import cache
-from typing import List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -92,7 +91,7 @@ def packed_int8_values(packed) -> torch.Tensor:
 
 
 # from this many rows on, a product runs through oneDNN's int8 linear where the CPU has AMX (module
-# doc; benchmarks/tools/int8_kernel_probes.py)
+# doc; docs/algorithms.md §8)
 ONEDNN_MIN_ROWS = 48
 
 
@@ -126,11 +125,11 @@ class OneDnnWeight(nn.Module):
         self.register_buffer("zeros", torch.zeros(len(values), dtype=torch.long), persistent=False)
 
     @classmethod
-    def of(cls, packed) -> "OneDnnWeight | None":
+    def of(cls, packed) -> OneDnnWeight | None:
         """The copy where `amx_int8()`, else None (fbgemm runs every product)."""
         return cls(packed) if amx_int8() else None
 
-    def __deepcopy__(self, memo: dict) -> "OneDnnWeight":
+    def __deepcopy__(self, memo: dict) -> OneDnnWeight:
         return OneDnnWeight(copy.deepcopy(self.packed, memo))
 
 
@@ -153,7 +152,7 @@ def _product_by_rows():
     ) -> torch.Tensor:
         if scaled.shape[0] >= min_rows:
             values = scaled.add(zero).round_().to(torch.uint8)
-            no_post_op: List[Optional[Union[int, float, complex]]] = []
+            no_post_op: list[int | float | complex | None] = []
             return torch.ops.onednn.qlinear_pointwise(
                 values, 1.0, zero, weight, scales, zeros, None, 1.0, 0,
                 torch.float32, "none", no_post_op, "",
@@ -173,7 +172,7 @@ def int8_rows_product(
     the scales `[N, 1]`). `onednn`: the weight's oneDNN copy, used from `ONEDNN_MIN_ROWS` rows on
     (the same values bit for bit)."""
     # max |x| per row. Not `linalg.vector_norm(ord=inf)`: the same values, but its kernel is not
-    # vectorised across rows (8x slower at 16 rows; benchmarks/tools/kernel_probes.py)
+    # vectorised across rows
     scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30).div_(ACT_LEVELS)
     scaled = rows / scale
     # A trace of a forward with rows enough for oneDNN records the choice itself

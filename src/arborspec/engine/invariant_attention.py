@@ -62,7 +62,8 @@ def float64_attention(
         )
     if rows is not None:
         out, _ = float64_attention(
-            module, to_grid(query, rows.grid), key, value, attention_mask, scaling, dropout, group_queries
+            module, to_grid(query, rows.grid), key, value, attention_mask, scaling, dropout,
+            group_queries,
         )
         return from_grid(out, rows.index), None
     q_len, length = query.shape[2], key.shape[2]
@@ -133,7 +134,7 @@ def attend_float64(
     With several query rows and grouped-query heads (`group_queries`), the query heads that share
     a key/value head become rows of one attention over it (`[B, Hkv, H / Hkv * Q, D]`): the
     kernel then reads each key/value head once instead of once per query head, which is what a
-    batch of trees pays for (`benchmarks/tools/batch_forward_probes.py`). Every query row's result
+    batch of trees pays for. Every query row's result
     is the same float64 computation either way up to the kernel's summation order, so it rounds
     to the same float32 value (module doc). One row (plain decoding) keeps the per-head call.
     """

@@ -14,7 +14,7 @@ attention reads it as it is; a batch of two sequences or more keeps float32, the
 computes them in, converted as the attention reads them (engine/batch_rows.py): the same values
 either way. A one-row attention streams the whole cache from memory, and over a batch reading half
 the bytes and converting them costs less than reading float64, while one sequence alone decodes
-faster over float64, in a batch of one as alone (docs/evaluation.md (k)).
+faster over float64, in a batch of one as alone.
 
 Only the layer's storage changes: the modelling code is transformers' own, and an `InPlaceLayer` is
 a `DynamicLayer` for everything that reads it (`get_seq_length`, masks, `crop`).

@@ -239,7 +239,9 @@ class HeadRows:
 
     def greedy_rows(self, hidden: torch.Tensor) -> list[int]:
         """`greedy` of every row of `hidden` `[K, H]`, screened together (batched decoding)."""
-        tokens = self.screen.argmax_rows(hidden) if self.screen is not None else [None] * len(hidden)
+        tokens = (
+            self.screen.argmax_rows(hidden) if self.screen is not None else [None] * len(hidden)
+        )
         return [
             t if t is not None else int(self.logits(hidden[i : i + 1])[0].argmax())
             for i, t in enumerate(tokens)

@@ -42,9 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
-# What a second call of the float64 attention costs, in query slots of the first: on 2 CPU threads
-# the split about broke even with 9-18 slots saved over four requests' short contexts, and saves
-# more as contexts grow (benchmarks/tools/batch_forward_probes.py, docs/evaluation.md (i))
+# What a second call of the float64 attention costs, in query slots of the first: a tree longer
+# than every other is attended alone when that saves more slots than this (docs/algorithms.md §10)
 SPLIT_CALL_SLOTS = 8
 
 
@@ -92,7 +91,7 @@ class PackedRows:
     @classmethod
     def of(
         cls, sizes: list[int], device: torch.device | str = "cpu", split: bool = True
-    ) -> "PackedRows":
+    ) -> PackedRows:
         """Request b's `sizes[b]` tokens at slots (b, 0..sizes[b] - 1), requests in order; the
         attention split at `split_width(sizes)` where there is one (and `split`)."""
         width, total = max(sizes, default=0), sum(sizes)
@@ -107,7 +106,7 @@ class PackedRows:
         rows = cls(grid, index, None if m is None else _split(grid, sizes, m))
         return rows.to(device)
 
-    def to(self, device: torch.device | str) -> "PackedRows":
+    def to(self, device: torch.device | str) -> PackedRows:
         split = self.split
         if split is not None:
             split = AttentionSplit(*(t.to(device) for t in split.tensors()))
@@ -118,7 +117,7 @@ class PackedRows:
         return (self.grid, self.index) + (() if self.split is None else self.split.tensors())
 
     @classmethod
-    def of_tensors(cls, tensors: tuple[torch.Tensor, ...]) -> "PackedRows":
+    def of_tensors(cls, tensors: tuple[torch.Tensor, ...]) -> PackedRows:
         """The inverse of `tensors`."""
         split = AttentionSplit(*tensors[2:5]) if len(tensors) > 2 else None
         return cls(tensors[0], tensors[1], split)

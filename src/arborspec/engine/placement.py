@@ -16,6 +16,9 @@ import torch
 
 from ..errors import ArborError
 
+# the placement strategies of a device map (accelerate), beside explicit module=device maps
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
 
 def hook_of(module: torch.nn.Module):
     """The module's accelerate device hook (the first one in a chain of hooks), or None."""

@@ -67,7 +67,8 @@ class ProcessedRows:
         return self.rows[i]
 
     def argmax(self, i: int) -> int:
-        """Row i's greedy token: the processed row's argmax (`torch.argmax`'s rule, as `generate`)."""
+        """Row i's greedy token: the processed row's argmax (`torch.argmax`'s rule, as
+        `generate`)."""
         return int(self[i].argmax())
 
 

@@ -63,7 +63,7 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def draft_side(self) -> "SamplingConfig":
+    def draft_side(self) -> SamplingConfig:
         """The transform applied to draft logits (see module docstring)."""
         if not self.greedy:
             return self

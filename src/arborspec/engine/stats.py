@@ -58,7 +58,7 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
-    def speedup_over(self, baseline: "GenerationResult") -> float:
+    def speedup_over(self, baseline: GenerationResult) -> float:
         """Baseline seconds per token / this generation's seconds per token."""
         return (baseline.wall_time / baseline.new_tokens) / (self.wall_time / self.new_tokens)
 

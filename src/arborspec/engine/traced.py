@@ -142,7 +142,7 @@ class TraceKey:
         mask: torch.Tensor | None,
         pack: PackedRows | None = None,
         storage: torch.dtype = torch.float64,
-    ) -> "TraceKey":
+    ) -> TraceKey:
         kind = None if mask is None else (mask.dtype, mask.dim(), mask.shape[1])
         many = onednn_rows(input_ids.numel())
         batch, rows = input_ids.shape if pack is None else pack.grid.shape

@@ -46,7 +46,7 @@ class TokenTree:
     point_masses: set[int] = field(default_factory=set)
 
     @classmethod
-    def from_root(cls, root_token: int, children_mode: ChildrenMode = "selected") -> "TokenTree":
+    def from_root(cls, root_token: int, children_mode: ChildrenMode = "selected") -> TokenTree:
         return cls([int(root_token)], [-1], [0], [1.0], [[]], children_mode, {}, [1.0], set())
 
     # ------------------------------------------------------------------ building
@@ -134,7 +134,7 @@ class TokenTree:
                 assert len(set(toks)) == len(toks), f"node {node} has duplicate children {toks}"
 
     # ------------------------------------------------------------------ subtrees and reordering
-    def subtree(self, keep: list[int]) -> "TokenTree":
+    def subtree(self, keep: list[int]) -> TokenTree:
         """A new tree of the root and the nodes `keep` (each node's parent must be kept too).
 
         Node order, sibling order, the recorded draft distributions and the point masses are kept,
@@ -157,7 +157,7 @@ class TokenTree:
         out.point_masses = {new_of[n] for n in self.point_masses if n in new_of}
         return out
 
-    def permuted(self, order: list[int]) -> "TokenTree":
+    def permuted(self, order: list[int]) -> TokenTree:
         """A copy with nodes renumbered so that new node k is old node `order[k]`.
 
         `order` must start with 0 and list every parent before its children.

@@ -25,12 +25,12 @@ so the committed token still follows the target (docs/algorithms.md §2, §9).
 
 Every random draw comes from the `torch.Generator` passed in. Only the target
 rows the walk visits are turned into probabilities.
-"""
+"""  # noqa: E501 (the table's rows cannot wrap)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

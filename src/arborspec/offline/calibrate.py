@@ -50,8 +50,8 @@ from ..common.vocab import check_vocab_size
 from ..engine.adapter import ModelAdapter
 from ..engine.contracts import Drafter
 from ..engine.cost import CostCurve, measure_cost_curve
-from ..engine.placement import execution_device
 from ..engine.decode import DecodeConfig, autoregressive_generate
+from ..engine.placement import execution_device
 from ..engine.sampling import (
     SamplingConfig,
     gumbel_like,
@@ -292,7 +292,7 @@ class CalibrationProgress:
         write_json_atomic(asdict(self), path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "CalibrationProgress":
+    def load(cls, path: str | Path) -> CalibrationProgress:
         data = read_json_file(path, "calibration progress file")
         try:
             if data.get("format") != PROGRESS_FORMAT:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from ..common.timing import median_seconds
-from .draft_quality import humaneval_prompts, interleaved_times, mtbench_first_turns
 from ..drafters.head import DraftHead, load_head
+from .draft_quality import humaneval_prompts, interleaved_times, mtbench_first_turns
 from .head_data import HeadDataConfig, HeadSequence, generate_head_data, load_head_data
 from .train_head import HeadTrainConfig, evaluate, make_batch
 
@@ -37,7 +37,7 @@ def head_forward_time(head: DraftHead, cache_len: int, reps: int, seed: int = 0)
     h = head.hidden_size
     cache = DynamicCache(config=head.body.config)
     head(
-        torch.randint(3, 1000, (1, cache_len), generator=g),
+        torch.randint(3, min(1000, head.vocab_size), (1, cache_len), generator=g),
         torch.randn(1, cache_len, h, generator=g),
         past_key_values=cache,
     )
@@ -116,6 +116,8 @@ def measure(
         "humaneval": humaneval_prompts()[:n_humaneval],
     }
     for name, prompts in sets.items():
+        if not prompts:  # a set of 0 prompts is skipped
+            continue
         data_dir = Path(work_dir) / name
         gen_cfg = HeadDataConfig(
             target=target_name,

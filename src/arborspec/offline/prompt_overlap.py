@@ -3,7 +3,7 @@
 The draft head must never train on benchmark prompts. Self-instructed prompts
 (`self_instruct.py`) are written by the target, so nothing guarantees it by
 construction; this check measures it after the fact:
-`arborspec prompt-overlap --data-dir runs/head/data-self-instruct --out FILE`
+`arborspec dev prompt-overlap --data-dir runs/head/data-self-instruct --out FILE`
 compares every user message in the shards with MT-Bench's turns and HumanEval's prompts
 (lower-cased, punctuation as spaces): exact matches, and messages sharing an n-word sequence
 (default 8) with any benchmark text.

@@ -1,7 +1,7 @@
 """A randomized soak: many short generations on random tiny Llama pairs, every invariant checked.
 
-    arborspec soak --steps 10000 --seed 0        # the bar: 10,000 speculative steps, 0 failures
-    arborspec soak --replay 123456789            # re-run one failing case by its case seed
+    arborspec dev soak --steps 10000 --seed 0    # the bar: 10,000 speculative steps, 0 failures
+    arborspec dev soak --replay 123456789        # re-run one failing case by its case seed
 
 Each *case* draws, from its own seed: a tiny random Llama target (vocabulary, width, depth) and a
 perturbed copy as its draft, a registered builder and budget, the target's temperature / top-k /
