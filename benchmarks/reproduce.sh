@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 8 9 10 11 12 13 14 16 17 18 19 20 24 28 29 30} "
+STEPS=" ${*:-1 2 3 4 5 6 8 9 10 11 12 13 14 16 17 18 19 20 24 28 29 30 31} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -276,6 +276,14 @@ if run 30; then
   llama_cpp_python
   bench qwen-llamacpp-humaneval --target qwen2.5-coder-1.5b --max-new-tokens 128 --temperatures 0 \
     --prompts humaneval --num-prompts 20 -m dyspec:budget=auto:lookup=6 --compare-llama-cpp
+fi
+# 31. The Qwen pair with the float32 target (the draft stays int8, the CPU default for a draft):
+#     the default beside plain float32 decoding, HumanEval's first 10 (a float32 1.5B token costs
+#     about three int8 ones).
+if run 31; then
+  say 31 "the Qwen pair, float32 target"
+  bench qwen-pair-float32-humaneval --target qwen2.5-coder-1.5b --dtype float32 --max-new-tokens 128 \
+    --temperatures 0 --prompts humaneval --num-prompts 10 -m dyspec:budget=auto:lookup=6
 fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).

@@ -364,3 +364,33 @@ def test_batch_rows_join_settle_and_leave_exactly():
     assert rows.cache.layers[0].keys[0, 0, :, 0].tolist() == [7, 20, 21, 23]
     rows.remove("b")
     assert rows.cache is None
+
+
+def test_each_kind_of_step_sizes_its_trees_by_its_own_cost_curve(int8_pair, monkeypatch):
+    """`budget=auto` in a batch: greedy steps read the greedy curve, sampled steps the sampled one, each
+    measured once; a curve given to the decoder serves both."""
+    import arborspec.engine.batch_decode as batch_decode
+    from arborspec.engine.cost import CostCurve
+
+    curves = {kind: CostCurve((1, 2, 4, 8), (1.0, 1.2, 1.4, 1.8), 0.01, 0.3) for kind in (True, False)}
+    measured = []
+
+    def measure(adapter, drafter, greedy=False):
+        measured.append(greedy)
+        return curves[greedy]
+
+    monkeypatch.setattr(batch_decode, "cost_curve_for", measure)
+    target, draft = int8_pair
+    sampled = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(0.8), seed=1, eos_token_ids=(2,))
+    greedy = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(0.0), eos_token_ids=(2,))
+    dec = BatchDecoder(ModelAdapter(target), ModelDrafter(draft))
+    for config in (greedy, sampled, greedy, sampled):
+        handle = dec.submit(BatchRequest(list(PROMPTS[0]), config, make_builder("dyspec", budget="auto")))
+        while not handle.done:
+            dec.step()
+        assert handle.result.stop_reason == "length"
+    assert measured == [True, False]  # the sampled steps did not reuse the greedy curve, nor re-measured
+    given = curves[True]
+    dec = BatchDecoder(ModelAdapter(target), ModelDrafter(draft), cost=given)
+    assert dec._cost([]) is given
+    assert measured == [True, False]

@@ -209,7 +209,8 @@ class BatchDecoder:
             self.drafts = drafter.batched() or PerRequestDrafts(drafter)
         self.max_rows, self.max_requests = max_rows, max_requests
         self.shared = shared
-        self.cost = cost
+        self.cost = cost  # given: used for every step; else measured per kind of step (`_cost`)
+        self._costs: dict[bool, CostCurve] = {}
         self.batch_cost: BatchCost | None = None
         self.history: DraftingHistory | None = None
         self.queue: list[RequestHandle] = []
@@ -528,11 +529,15 @@ class BatchDecoder:
         return self.batch_cost
 
     def _cost(self, spec: list[RequestHandle]) -> CostCurve:
-        """The measured cost curve (once per decoder and kind of step: greedy or sampled)."""
-        if self.cost is None:
-            greedy = all(h.request.config.sampling.greedy for h in spec)
-            self.cost = cost_curve_for(self.adapter, self.drafter, greedy)
-        return self.cost
+        """The cost curve of this step's kind: greedy when every speculating request is (its
+        verifier reads screened argmaxes), else sampled; each measured once per process
+        (engine/cost.py). A curve given to the decoder serves every step."""
+        if self.cost is not None:
+            return self.cost
+        greedy = all(h.request.config.sampling.greedy for h in spec)
+        if greedy not in self._costs:
+            self._costs[greedy] = cost_curve_for(self.adapter, self.drafter, greedy)
+        return self._costs[greedy]
 
     def _stats(
         self, h, tree, result, kept, grafted, times, draft_time, forwards, head_time, accepted
