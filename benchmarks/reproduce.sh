@@ -18,7 +18,7 @@ RES=benchmarks/results
 RUNS=runs/reproduce
 MODE=${1:-quick}
 shift || true
-STEPS=" ${*:-1 2 3 4 5 6 8 9 10 11 12 13 14 16 17 18 19 20 24 28 29 30 31} "
+STEPS=" ${*:-1 2 3 4 5 6 8 9 10 11 12 13 14 16 17 18 19 20 24 28 29 30 31 32} "
 [[ $MODE == quick || $MODE == full ]] || { echo "usage: $0 quick|full [STEP ...]" >&2; exit 2; }
 mkdir -p "$RES" "$RUNS"
 run() { [[ $STEPS == *" $1 "* ]]; }
@@ -123,7 +123,7 @@ run 2 && say 2 "int8 MT-Bench, all methods" && bench mtbench-int8 --dtype int8 -
 run 3 && say 3 "int8 HumanEval, all methods" && bench humaneval-int8 --dtype int8 --prompts humaneval \
   --num-prompts 10 --max-new-tokens 128 --temperatures 0 --compare-hf-assisted $ALL
 # 4. The unmodified float32 model on the same MT-Bench selection, T = 0 and 0.6: the default for a
-#    named model (DySpec 3 + lookup) and the papers' size against plain float32 decoding.
+#    DySpec 3 + lookup and the papers' size against plain float32 decoding.
 run 4 && say 4 "float32 MT-Bench" && bench mtbench-float32 --dtype float32 --prompts mt-bench \
   --num-prompts 24 --max-new-tokens 128 --temperatures 0,0.6 -m dyspec:budget=3:lookup=6 -m dyspec:budget=16
 #    The same weights named by their directory, as a user's own model runs with no option: float32,
@@ -133,8 +133,9 @@ run 4 && say 4 "a named float32 model" && bench mtbench-float32-named --target "
   --prompts mt-bench --num-prompts 24 --max-new-tokens 128 --temperatures 0
 # 5. `arborspec generate --compare-ar` with no other option on three prompts.
 run 5 && say 5 "generate defaults" && generate_default generate-default "${PROMPTS[@]}"
-# 6. The int8 CPU tree size, chosen on the validation slice (never on the benchmark's questions): two
-#    runs at T = 0 in opposite method orders, one at T = 0.6.
+# 6. The CPU tree sizes, chosen on the validation slice (never on the benchmark's questions): the int8
+#    target's in two runs at T = 0 in opposite method orders and one at T = 0.6; the float targets'
+#    (the embedded pair and Gemma 3 in float32) at T = 0.
 if run 6; then
   say 6 "tree sizes on the validation slice"
   V="--dtype int8 --prompts mt-bench-validation --num-prompts 20 --max-new-tokens 128"
@@ -144,6 +145,10 @@ if run 6; then
     -m dyspec:budget=2:lookup=6 -m dyspec:budget=1:lookup=6
   bench validation-sizes-t06 $V --temperatures 0.6 -m dyspec:budget=1:lookup=6 \
     -m dyspec:budget=2:lookup=6 -m dyspec:budget=3:lookup=6
+  F="--dtype float32 --prompts mt-bench-validation --num-prompts 20 --max-new-tokens 128 --temperatures 0"
+  F="$F -m dyspec:budget=3:lookup=6 -m dyspec:budget=1,2:lookup=6"
+  bench validation-float32-sizes $F
+  bench validation-gemma3-sizes $F --target gemma3-270m --draft gemma3-270m-head
 fi
 # 8. What the int8 target gives up against float32.
 run 8 && say 8 "int8 quality" && $P benchmarks/tools/int8_quality.py --out "$RES/int8-quality.json"
@@ -284,6 +289,15 @@ if run 31; then
   say 31 "the Qwen pair, float32 target"
   bench qwen-pair-float32-humaneval --target qwen2.5-coder-1.5b --dtype float32 --max-new-tokens 128 \
     --temperatures 0 --prompts humaneval --num-prompts 10 -m dyspec:budget=auto:lookup=6
+fi
+# 32. Gemma 3 270M (float32) with its head: the default tree beside fixed sizes and `budget=auto`, on
+#     the stratified MT-Bench 24 and HumanEval 20.
+if run 32; then
+  say 32 "Gemma 3: the default beside fixed sizes"
+  G="--target gemma3-270m --dtype float32 --draft gemma3-270m-head --temperatures 0 --max-new-tokens 128"
+  S="-m dyspec:budget=3:lookup=6 -m dyspec:budget=1,2,4:lookup=6 -m dyspec:budget=auto:lookup=6"
+  bench gemma3-sizes-mtbench $G --prompts mt-bench --num-prompts 24 $S
+  bench gemma3-sizes-humaneval $G --prompts humaneval --num-prompts 20 $S
 fi
 # 15 (only with a GPU, not in the default steps): the CUDA tests, the embedded pair's bench and
 #     bench-batch on the GPU, with the script's defaults (benchmarks/results/gpu-h100/).

@@ -42,13 +42,13 @@ def no_gpu(monkeypatch):
 # ---------------------------------------------------------------------------------- the choice
 @pytest.mark.parametrize("device,embedded,expected", [
     ("cpu", True, Defaults("dyspec", 1, 6, "int8", "cpu", ALL)),
-    ("cpu", False, Defaults("dyspec", 3, 6, "float32", "cpu", ALL)),
+    ("cpu", False, Defaults("dyspec", CPU_BUDGET, 6, "float32", "cpu", ALL)),
     ("cuda", True, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
     ("cuda:1", False, Defaults("dyspec", 16, 6, "float32", "gpu", ALL)),
 ])
 def test_nothing_given_takes_the_device_defaults(device, embedded, expected):
     assert choose(device, embedded) == expected
-    assert (CPU_BUDGET, INT8_CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (3, 1, 16, 6)
+    assert (CPU_BUDGET, INT8_CPU_BUDGET, GPU_BUDGET, DEFAULT_LOOKUP) == (2, 1, 16, 6)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -61,7 +61,7 @@ def test_explicit_values_always_win(device, embedded):
     assert auto.budget == "auto" and auto.chosen == ("method", "lookup", "dtype")
 
 
-@pytest.mark.parametrize("device,budget", [("cpu", 3), ("cuda", 16)])
+@pytest.mark.parametrize("device,budget", [("cpu", CPU_BUDGET), ("cuda", 16)])
 def test_a_method_without_a_budget_gets_the_device_budget(device, budget):
     d = choose(device, False, method="sequoia")
     assert (d.method, d.budget) == ("sequoia", budget)
@@ -87,7 +87,7 @@ def test_auto_dtype_is_int8_only_for_the_embedded_target_on_a_cpu_without_a_map(
                       dict(device_map="model.layers=disk,lm_head=cpu")):
         assert resolve_dtype("auto", "cpu", True, **placement) == "float32", placement
         d = choose("cpu", True, **placement)  # placed on the CPU: the CPU's sizes
-        assert (d.device, d.budget, d.dtype) == ("cpu", 3, "float32"), placement
+        assert (d.device, d.budget, d.dtype) == ("cpu", CPU_BUDGET, "float32"), placement
 
 
 def test_auto_dtype_on_a_gpu_is_the_dtype_the_checkpoint_was_saved_in():
@@ -181,10 +181,10 @@ def test_the_generator_without_arguments_loads_and_runs_the_defaults(tiny, monke
     assert (gen.builder.name, gen.builder.budget, gen.decoder.lookup) == ("dyspec", 1, 6)
     named = SpeculativeGenerator(target="some/model", method="chain")
     assert seen["args"][:4] == ("some/model", None, "cpu", "float32")
-    assert (named.builder.name, named.builder.budget, named.decoder.lookup) == ("chain", 3, 6)
-    mine = SpeculativeGenerator(target="some/model", method="chain", budget=2, lookup=0,
+    assert (named.builder.name, named.builder.budget, named.decoder.lookup) == ("chain", CPU_BUDGET, 6)
+    mine = SpeculativeGenerator(target="some/model", method="chain", budget=4, lookup=0,
                                 dtype="bfloat16")
-    assert seen["args"][3] == "bfloat16" and (mine.builder.budget, mine.decoder.lookup) == (2, 0)
+    assert seen["args"][3] == "bfloat16" and (mine.builder.budget, mine.decoder.lookup) == (4, 0)
     gpu = SpeculativeGenerator(device="cuda")  # the embedded target was saved in float32
     assert seen["args"][2:4] == ("cuda", "float32") and gpu.builder.budget == 16
     assert gpu.describe().startswith("dyspec, 16 draft nodes + lookup 6 | target "
@@ -257,8 +257,8 @@ def test_bench_without_a_method_runs_the_device_defaults(tiny_dirs, tmp_path):
 
 
 @pytest.mark.parametrize("embedded,dtype,budget", [
-    (True, "auto", 1), (True, "int8", 1), (True, "float32", 3), (False, "auto", 3), (False, "int8", 1),
-    (False, "bfloat16", 3),
+    (True, "auto", 1), (True, "int8", 1), (True, "float32", CPU_BUDGET), (False, "auto", CPU_BUDGET),
+    (False, "int8", 1), (False, "bfloat16", CPU_BUDGET),
 ])
 def test_the_cpu_budget_follows_the_precision_the_target_runs_in(embedded, dtype, budget):
     """On a CPU the int8 target gets INT8_CPU_BUDGET draft nodes (its forwards are replayed and a plain token

@@ -3,9 +3,10 @@
 The choice depends on where the target runs and which target it is:
 
 * **CPU**: `dyspec` with a context lookup of up to 6 tokens; 1 draft node on the int8 target,
-  3 on a float target: the sizes that ran fastest on a validation slice of MT-Bench on a 2-core
-  CPU with the embedded pair (docs/evaluation.md (b)); the papers' 16-64 nodes run slower than
-  plain decoding there (docs/algorithms.md §7).
+  2 on a float target: the sizes that ran fastest on a validation slice of MT-Bench on a 2-core
+  CPU, the int8 size with the embedded pair, the float size with both the embedded pair and Gemma 3
+  270M in float32 (docs/evaluation.md (b)); the papers' 16-64 nodes run slower than plain decoding
+  there (docs/algorithms.md §7).
 * **CPU, a draft model** (a smaller model of the target's family, in int8 on a CPU): `dyspec` with
   `budget=auto` (at most 32 draft nodes) and the same lookup. A draft model's forward costs a
   sizeable share of the target's and it often agrees for many tokens in a row, so the tree's size
@@ -42,7 +43,7 @@ from .errors import ArborError
 
 AUTO = "auto"
 DEFAULT_METHOD = "dyspec"
-CPU_BUDGET = 3  # draft nodes per step on a CPU, float targets (measured)
+CPU_BUDGET = 2  # draft nodes per step on a CPU, float targets (measured, module doc)
 INT8_CPU_BUDGET = 1  # draft nodes per step on the int8 target on a CPU (measured, module doc)
 GPU_BUDGET = 16  # draft nodes per step on a GPU (measured, module doc)
 DEFAULT_LOOKUP = 6  # context-lookup tokens grafted per step (measured on CPU)

@@ -26,7 +26,7 @@ def bench(
         "repeatable: dyspec:budget=8,16,32 or "
         "sequoia:budget=16:max_depth=4,6 (default: this "
         "device's generate defaults, e.g. "
-        "dyspec:budget=3:lookup=6)",
+        "dyspec:budget=2:lookup=6)",
     ),
     temperatures: str = typer.Option("0", "--temperatures", help="comma list, e.g. 0,0.6"),
     prompts: str = typer.Option(
