@@ -276,22 +276,21 @@ GGUF_FILES = "gguf-files"  # the cache folder where built-in GGUF files are put 
 
 def has_gguf_file(name: str) -> bool:
     """Whether `gguf_file` knows the GGUF file of the model `name` (nothing is read)."""
-    return name in (EMBEDDED_TARGET, GEMMA3_TARGET) or name in PARTED or is_gguf_path(name)
+    return is_gguf_path(name) or name in BUILTIN_GGUF_FILES
 
 
 def gguf_file(name: str) -> Path | None:
     """The GGUF file of the model `name` for a program that runs GGUF files itself (llama.cpp as a
-    benchmark peer): a `.gguf` path itself; the embedded target's file in its package; a built-in
-    model's parts put together once in the cache (checksummed); None for any other model."""
+    benchmark peer): a `.gguf` path itself, a built-in model's (`BUILTIN_GGUF_FILES`), else None."""
     if is_gguf_path(name):
         return Path(name).expanduser()
-    if name == EMBEDDED_TARGET:
-        return embedded_gguf_path()
-    if name == GEMMA3_TARGET:
-        return _kept_gguf(GEMMA3_GGUF, gemma3_gguf)
-    if name in PARTED:
-        return _kept_gguf(f"{name}{GGUF_SUFFIX}", lambda tmp: PARTED[name].assemble(tmp, name))
-    return None
+    find = BUILTIN_GGUF_FILES.get(name)
+    return None if find is None else find()
+
+
+def _parted_gguf(name: str) -> Path:
+    """The GGUF file of the built-in model `name` (`PARTED`), its parts put together once."""
+    return _kept_gguf(f"{name}{GGUF_SUFFIX}", lambda folder: PARTED[name].assemble(folder, name))
 
 
 def _kept_gguf(file_name: str, assemble: Callable[[Path], Path]) -> Path:
@@ -304,3 +303,12 @@ def _kept_gguf(file_name: str, assemble: Callable[[Path], Path]) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"{file_name}-", dir=out.parent) as folder:
         os.replace(assemble(Path(folder)), out)
     return out
+
+
+# each built-in model's GGUF file: the embedded target's in its package; the others' parts put
+# together once in the cache (checksummed)
+BUILTIN_GGUF_FILES: dict[str, Callable[[], Path]] = {
+    EMBEDDED_TARGET: embedded_gguf_path,
+    GEMMA3_TARGET: lambda: _kept_gguf(GEMMA3_GGUF, gemma3_gguf),
+    **{name: (lambda name=name: _parted_gguf(name)) for name in PARTED},
+}
